@@ -1,0 +1,208 @@
+//! Backend selection at run time from a device string.
+//!
+//! | string | device | cargo feature |
+//! |---|---|---|
+//! | `auto` | `RLFT_DEVICE` if set, else burn's default (which honours `BURN_DEVICE`) | – |
+//! | `flex` | `Device::flex()` (default CPU backend) | `flex` |
+//! | `ndarray` | `Device::ndarray()` | `ndarray` |
+//! | `cpu` | `Device::cpu()` (CubeCL CPU) | `cpu` |
+//! | `wgpu` | `Device::wgpu(DeviceKind::DiscreteGpu(0))` | `wgpu` |
+//! | `wgpu:cpu` | `Device::wgpu(DeviceKind::Cpu)` (e.g. Mesa lavapipe) | `wgpu` |
+//! | `wgpu:N` | `Device::wgpu(DeviceKind::DiscreteGpu(N))` | `wgpu` |
+//! | `vulkan[:N]`, `metal[:N]` | `Device::vulkan/metal(DeviceKind::DiscreteGpu(N))` | `vulkan`, `metal` |
+//! | `cuda[:N]`, `rocm[:N]` | `Device::cuda(N)`, `Device::rocm(N)` | `cuda`, `rocm` |
+
+use crate::{AlgoError, Result};
+use burn::tensor::Device;
+
+/// Environment variable that `auto` (and [`resolve`] without a string) reads first.
+pub const DEVICE_ENV: &str = "RLFT_DEVICE";
+
+/// Every device string [`parse`] understands (indices `:N` are optional where shown).
+pub const DEVICE_NAMES: &[&str] = &[
+    "auto", "flex", "ndarray", "cpu", "wgpu", "wgpu:cpu", "vulkan", "metal", "cuda[:N]", "rocm[:N]",
+];
+
+/// Backends compiled into this build, in the order `auto` would prefer them.
+pub fn compiled_backends() -> Vec<&'static str> {
+    let all: [(&str, bool); 8] = [
+        ("cuda", cfg!(feature = "cuda")),
+        ("rocm", cfg!(feature = "rocm")),
+        ("metal", cfg!(feature = "metal")),
+        ("vulkan", cfg!(feature = "vulkan")),
+        ("wgpu", cfg!(feature = "wgpu")),
+        ("cpu", cfg!(feature = "cpu")),
+        ("flex", cfg!(feature = "flex")),
+        ("ndarray", cfg!(feature = "ndarray")),
+    ];
+    all.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect()
+}
+
+/// Parses a device string (`auto | flex | ndarray | cpu | wgpu | wgpu:cpu | vulkan | metal |
+/// cuda[:N] | rocm[:N]`) into a [`Device`].
+///
+/// A backend that is not compiled in gives an error naming the cargo feature to add, e.g.
+/// `backend 'cuda' is not compiled in; rebuild with --features cuda`.
+pub fn parse(spec: &str) -> Result<Device> {
+    let spec = spec.trim().to_ascii_lowercase();
+    let (name, arg) = match spec.split_once(':') {
+        Some((n, a)) => (n, Some(a)),
+        None => (spec.as_str(), None),
+    };
+    match name {
+        "auto" | "" if arg.is_none() => auto(),
+        "flex" | "ndarray" | "cpu" if arg.is_none() => simple(name),
+        "wgpu" | "vulkan" | "metal" => gpu(name, arg),
+        "cuda" | "rocm" => indexed(name, arg),
+        _ => Err(AlgoError::Device(format!(
+            "unknown device '{spec}'; use one of: {}",
+            DEVICE_NAMES.join(", ")
+        ))),
+    }
+}
+
+/// Resolves an optional device string: the string if given, else `RLFT_DEVICE`, else `auto`.
+pub fn resolve(spec: Option<&str>) -> Result<Device> {
+    match spec {
+        Some(s) => parse(s),
+        None => auto(),
+    }
+}
+
+fn auto() -> Result<Device> {
+    if let Ok(s) = std::env::var(DEVICE_ENV)
+        && !s.trim().is_empty()
+        && s.trim() != "auto"
+    {
+        return parse(&s);
+    }
+    if let Ok(s) = std::env::var("BURN_DEVICE")
+        && !s.trim().is_empty()
+    {
+        // Validate it ourselves: burn's default panics on a backend that is not compiled in.
+        let name = s.split(':').next().unwrap_or_default().to_ascii_lowercase();
+        if !compiled_backends().contains(&name.as_str()) {
+            return Err(not_compiled(&name));
+        }
+    }
+    if compiled_backends().is_empty() {
+        return Err(AlgoError::Device(
+            "no backend is compiled in; rebuild with --features flex (or another backend)".into(),
+        ));
+    }
+    Ok(Device::default())
+}
+
+fn not_compiled(name: &str) -> AlgoError {
+    AlgoError::Device(format!(
+        "backend '{name}' is not compiled in; rebuild with --features {name}"
+    ))
+}
+
+fn index(name: &str, arg: Option<&str>) -> Result<usize> {
+    match arg {
+        None => Ok(0),
+        Some(a) => a.parse::<usize>().map_err(|_| {
+            AlgoError::Device(format!(
+                "device '{name}:{a}': the part after ':' must be a device index such as {name}:0"
+            ))
+        }),
+    }
+}
+
+#[allow(unreachable_code, unused_variables)]
+fn simple(name: &str) -> Result<Device> {
+    match name {
+        "flex" => {
+            #[cfg(feature = "flex")]
+            return Ok(Device::flex());
+        }
+        "ndarray" => {
+            // burn marks ndarray deprecated in favour of flex; it stays selectable on request.
+            #[cfg(feature = "ndarray")]
+            #[allow(deprecated)]
+            return Ok(Device::ndarray());
+        }
+        _ => {
+            #[cfg(feature = "cpu")]
+            return Ok(Device::cpu());
+        }
+    }
+    Err(not_compiled(name))
+}
+
+#[allow(unreachable_code, unused_variables)]
+fn gpu(name: &str, arg: Option<&str>) -> Result<Device> {
+    #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "metal"))]
+    let kind = match arg {
+        Some("cpu") => burn::tensor::DeviceKind::Cpu,
+        other => burn::tensor::DeviceKind::DiscreteGpu(index(name, other)?),
+    };
+    #[cfg(not(any(feature = "wgpu", feature = "vulkan", feature = "metal")))]
+    if arg != Some("cpu") {
+        index(name, arg)?;
+    }
+    match name {
+        "wgpu" => {
+            #[cfg(feature = "wgpu")]
+            return Ok(Device::wgpu(kind));
+        }
+        "vulkan" => {
+            #[cfg(feature = "vulkan")]
+            return Ok(Device::vulkan(kind));
+        }
+        _ => {
+            #[cfg(feature = "metal")]
+            return Ok(Device::metal(kind));
+        }
+    }
+    Err(not_compiled(name))
+}
+
+#[allow(unreachable_code, unused_variables)]
+fn indexed(name: &str, arg: Option<&str>) -> Result<Device> {
+    let i = index(name, arg)?;
+    if name == "cuda" {
+        #[cfg(feature = "cuda")]
+        return Ok(Device::cuda(i));
+    } else {
+        #[cfg(feature = "rocm")]
+        return Ok(Device::rocm(i));
+    }
+    Err(not_compiled(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flex_parses() {
+        assert!(parse("flex").is_ok());
+        assert!(parse(" FLEX ").is_ok());
+    }
+
+    #[test]
+    fn missing_backend_names_the_feature() {
+        if cfg!(feature = "cuda") {
+            return;
+        }
+        let err = parse("cuda:1").unwrap_err().to_string();
+        assert_eq!(err, "backend 'cuda' is not compiled in; rebuild with --features cuda");
+    }
+
+    #[test]
+    fn unknown_and_bad_index_are_errors() {
+        let err = parse("tpu").unwrap_err().to_string();
+        assert!(err.contains("unknown device 'tpu'") && err.contains("flex"), "{err}");
+        let err = parse("cuda:x").unwrap_err().to_string();
+        assert!(err.contains("device index"), "{err}");
+        assert!(parse("flex:0").is_err());
+    }
+
+    #[test]
+    fn compiled_list_has_default_backend() {
+        assert!(compiled_backends().contains(&"flex"));
+        assert!(parse("auto").is_ok());
+    }
+}

@@ -1,0 +1,81 @@
+use std::fmt;
+
+/// Errors from rlft-algo. Each message names the offending input and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum AlgoError {
+    /// Two tensors that must agree in shape do not.
+    #[error("shape mismatch: `{name}` has shape {got:?} but {expected}; pass tensors of the same [batch, T] shape")]
+    ShapeMismatch {
+        /// The argument whose shape is wrong.
+        name: &'static str,
+        /// What shape was expected, in words.
+        expected: String,
+        /// The shape that was given.
+        got: Vec<usize>,
+    },
+    /// A name that is not in a registry (loss, estimator, aggregation, ...).
+    #[error("unknown {kind} '{name}'; registered: {}", Names(.known))]
+    UnknownName {
+        /// What kind of thing was looked up.
+        kind: &'static str,
+        /// The name given.
+        name: String,
+        /// The names that are known.
+        known: Vec<String>,
+    },
+    /// A numeric setting outside its allowed range.
+    #[error("invalid {name} = {value}: {allowed}")]
+    InvalidSetting {
+        /// The setting's name.
+        name: &'static str,
+        /// The value given.
+        value: f64,
+        /// What is allowed, in words.
+        allowed: &'static str,
+    },
+    /// A loss was asked for an input it needs but was not given.
+    #[error("loss '{loss}' needs `{input}`: {hint}")]
+    MissingInput {
+        /// The loss or function that needs the input.
+        loss: String,
+        /// The missing input.
+        input: &'static str,
+        /// How to provide it.
+        hint: &'static str,
+    },
+    /// Group indices that do not fit the batch.
+    #[error("group index has {got} entries but the batch has {batch} rows; give one group id per row")]
+    GroupIndex {
+        /// Number of group ids given.
+        got: usize,
+        /// Number of rows in the batch.
+        batch: usize,
+    },
+    /// A device string that cannot be used in this build.
+    #[error("{0}")]
+    Device(String),
+    /// Reading a tensor back from its device failed.
+    #[error("could not read tensor data back from the device: {0}")]
+    Readback(String),
+}
+
+/// Result alias for rlft-algo.
+pub type Result<T, E = AlgoError> = std::result::Result<T, E>;
+
+struct Names<'a>(&'a [String]);
+
+impl fmt::Display for Names<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join(", "))
+    }
+}
+
+impl AlgoError {
+    pub(crate) fn unknown(kind: &'static str, name: &str, known: &[&str]) -> Self {
+        AlgoError::UnknownName {
+            kind,
+            name: name.to_string(),
+            known: known.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! The PPO clipped surrogate, `max(−A·ρ, −A·clip(ρ))` with an optional dual clip: the loss
+//! behind `ppo`, `grpo`, `dr_grpo`, `dapo`, `gspo` (sequence ratio) and `ctpo` (cumulative ratio
+//! with position-adaptive bounds).
+
+use super::{LossContext, LossTerms, PolicyLoss};
+use crate::Result;
+
+/// `L = max(−A·ρ, −A·clip(ρ, lo, hi))`, and for `A < 0` with dual clip `c`: `min(L, −A·c)`.
+///
+/// The ratio `ρ` is taken at the configured [`RatioLevel`](crate::RatioLevel).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClippedSurrogate {
+    /// Use CTPO's position-adaptive bounds instead of `[1 − ε_low, 1 + ε_high]`.
+    pub position_adaptive: bool,
+    /// Ignore the configured dual clip (GSPO has none).
+    pub no_dual_clip: bool,
+}
+
+impl PolicyLoss for ClippedSurrogate {
+    fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms> {
+        let adv = ctx.input.advantages.clone();
+        let ratio = ctx.ratio();
+        let bounds = ctx.bounds(self.position_adaptive);
+        let neg_adv = adv.neg();
+        let unclipped = neg_adv.clone() * ratio.clone();
+        let clipped = neg_adv.clone() * bounds.clip(ratio.clone());
+        let clip_active = clipped.clone().greater(unclipped.clone());
+        let loss = unclipped.mask_where(clip_active.clone(), clipped);
+        let (a_neg, a_pos) = ctx.advantage_signs();
+        let mut terms = LossTerms::per_token(loss.clone());
+        terms.clip_frac_high = Some(ctx.fraction(clip_active.clone().bool_and(a_pos)));
+        terms.clip_frac_low = Some(ctx.fraction(clip_active.bool_and(a_neg.clone())));
+        let dual = if self.no_dual_clip { None } else { bounds.dual(&ratio) };
+        if let Some(c) = dual {
+            let capped = neg_adv * c;
+            let dual_active = loss.clone().greater(capped.clone()).bool_and(a_neg);
+            terms.clip_frac_dual = Some(ctx.fraction(dual_active.clone()));
+            terms.value = super::LossValue::PerToken {
+                loss: loss.mask_where(dual_active, capped),
+                aggregation: None,
+            };
+        }
+        terms.ratio = Some(ratio);
+        Ok(terms)
+    }
+}

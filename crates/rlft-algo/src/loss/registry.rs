@@ -1,0 +1,179 @@
+//! Name → loss registry, with algorithm presets (`grpo`, `dr_grpo`, `dapo`, ...).
+
+use super::{
+    Cispo, ClippedSurrogate, Dro, GeoMean, Gpg, PolicyLoss, PolicyLossConfig, PolicyLossInput,
+    PolicyLossOutput, Reinforce, Sapo,
+};
+use crate::advantage::AdvantageEstimator;
+use crate::aggregation::LossAggregation;
+use crate::clip::ClipRange;
+use crate::ratio::RatioLevel;
+use crate::{AlgoError, Result};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A named algorithm: which registered loss it runs, with which settings and advantage
+/// estimator. Settings given explicitly (e.g. from a recipe) override the preset's.
+#[derive(Debug, Clone)]
+pub struct Preset {
+    /// The name the preset is looked up by.
+    pub name: String,
+    /// The registered loss it runs.
+    pub loss: String,
+    /// Its settings.
+    pub config: PolicyLossConfig,
+    /// Its advantage estimator.
+    pub advantage: AdvantageEstimator,
+    /// The preset relies on `clip_ratio_high ≥ clip_ratio_low` (Clip-Higher).
+    pub require_clip_higher: bool,
+}
+
+impl Preset {
+    /// A preset that runs `loss` with default settings and GRPO advantages.
+    pub fn new(name: impl Into<String>, loss: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            loss: loss.into(),
+            config: PolicyLossConfig::new(),
+            advantage: AdvantageEstimator::grpo(),
+            require_clip_higher: false,
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(PolicyLossConfig) -> PolicyLossConfig) -> Self {
+        self.config = f(self.config);
+        self
+    }
+
+    fn with_advantage(mut self, a: AdvantageEstimator) -> Self {
+        self.advantage = a;
+        self
+    }
+
+    /// Checks `config` (the preset's, after any overrides) against the preset's requirements.
+    pub fn validate(&self, config: &PolicyLossConfig) -> Result<()> {
+        config.validate()?;
+        ClipRange::decoupled(config.clip_ratio_low, config.clip_ratio_high)
+            .validate(self.require_clip_higher)
+    }
+}
+
+/// Policy losses and presets by name. [`LossRegistry::default`] holds the built-ins; register
+/// your own with [`LossRegistry::register`] and use them by name like any other.
+#[derive(Clone)]
+pub struct LossRegistry {
+    losses: BTreeMap<String, Arc<dyn PolicyLoss>>,
+    presets: BTreeMap<String, Preset>,
+}
+
+impl Default for LossRegistry {
+    fn default() -> Self {
+        Self::with_builtins()
+    }
+}
+
+impl std::fmt::Debug for LossRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LossRegistry").field("names", &self.names()).finish()
+    }
+}
+
+impl LossRegistry {
+    /// A registry with nothing in it.
+    pub fn empty() -> Self {
+        Self { losses: BTreeMap::new(), presets: BTreeMap::new() }
+    }
+
+    /// The built-in losses (`ppo`, `gspo`, `cispo`, `ctpo`, `geo_mean`, `gpg`, `reinforce`,
+    /// `dro`, `sapo`) and presets (`grpo`, `dr_grpo`, `dapo`).
+    pub fn with_builtins() -> Self {
+        use LossAggregation::*;
+        let mut r = Self::empty();
+        r.register("ppo", ClippedSurrogate::default());
+        r.register("gspo", ClippedSurrogate { position_adaptive: false, no_dual_clip: true });
+        r.register("ctpo", ClippedSurrogate { position_adaptive: true, no_dual_clip: false });
+        r.register("cispo", Cispo);
+        r.register("geo_mean", GeoMean);
+        r.register("gpg", Gpg);
+        r.register("reinforce", Reinforce);
+        r.register("dro", Dro);
+        r.register("sapo", Sapo);
+        let presets = [
+            Preset::new("ppo", "ppo").with_advantage(AdvantageEstimator::Gae { gamma: 1.0, lam: 0.95 }),
+            // GSPO paper: sequence ratio, ε = 3e-4 / 4e-4.
+            Preset::new("gspo", "gspo").with(|c| {
+                c.with_ratio_level(RatioLevel::Sequence)
+                    .with_clip_ratio_low(3e-4)
+                    .with_clip_ratio_high(4e-4)
+                    .with_aggregation(SeqMeanTokenMean)
+            }),
+            Preset::new("ctpo", "ctpo").with(|c| c.with_ratio_level(RatioLevel::Cumulative)),
+            Preset::new("cispo", "cispo").with(|c| c.with_clip_ratio_high(0.28)),
+            Preset::new("geo_mean", "geo_mean").with(|c| c.with_clip_ratio_low(0.4).with_clip_ratio_high(0.4)),
+            Preset::new("sapo", "sapo").with(|c| c.with_aggregation(SeqMeanTokenMean)),
+            // DeepSeekMath GRPO: PPO clip, per-sequence token mean, k3 KL in the loss.
+            Preset::new("grpo", "ppo").with(|c| {
+                c.with_aggregation(SeqMeanTokenMean).with_kl_coef(0.04).with_kl_estimator(crate::KlEstimator::K3)
+            }),
+            // Dr.GRPO: no std in the advantage, constant normaliser, no KL.
+            Preset::new("dr_grpo", "ppo")
+                .with(|c| c.with_aggregation(SeqMeanTokenSumNorm))
+                .with_advantage(AdvantageEstimator::Grpo { norm_by_std: false, epsilon: 1e-6 }),
+            // DAPO: Clip-Higher, token-level loss, no KL.
+            Preset {
+                require_clip_higher: true,
+                ..Preset::new("dapo", "ppo").with(|c| c.with_clip_ratio_high(0.28).with_aggregation(TokenMean))
+            },
+        ];
+        for p in presets {
+            r.presets.insert(p.name.clone(), p);
+        }
+        r
+    }
+
+    /// Registers (or replaces) a loss under `name`, with a default preset of the same name.
+    pub fn register(&mut self, name: impl Into<String>, loss: impl PolicyLoss + 'static) -> &mut Self {
+        let name = name.into();
+        self.losses.insert(name.clone(), Arc::new(loss));
+        self.presets.entry(name.clone()).or_insert_with(|| Preset::new(name.clone(), name));
+        self
+    }
+
+    /// Registers (or replaces) a preset; its loss must already be registered.
+    pub fn register_preset(&mut self, preset: Preset) -> Result<&mut Self> {
+        if !self.losses.contains_key(&preset.loss) {
+            return Err(self.unknown("policy loss", &preset.loss, false));
+        }
+        self.presets.insert(preset.name.clone(), preset);
+        Ok(self)
+    }
+
+    /// Every name that [`resolve`](Self::resolve) accepts, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.presets.keys().cloned().collect()
+    }
+
+    /// The preset for `name` (every registered loss has one).
+    pub fn resolve(&self, name: &str) -> Result<Preset> {
+        self.presets.get(name).cloned().ok_or_else(|| self.unknown("policy loss", name, true))
+    }
+
+    /// The loss that `name` (a loss or a preset) runs.
+    pub fn get(&self, name: &str) -> Result<Arc<dyn PolicyLoss>> {
+        let preset = self.resolve(name)?;
+        self.losses.get(&preset.loss).cloned().ok_or_else(|| self.unknown("policy loss", &preset.loss, false))
+    }
+
+    /// Runs the loss `name` with `config` (not the preset's: pass `resolve(name)?.config`,
+    /// adjusted, to use the preset).
+    pub fn compute(&self, name: &str, input: &PolicyLossInput, config: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+        self.resolve(name)?.validate(config)?;
+        self.get(name)?.compute(input, config)
+    }
+
+    fn unknown(&self, kind: &'static str, name: &str, with_presets: bool) -> AlgoError {
+        let known: Vec<String> =
+            if with_presets { self.names() } else { self.losses.keys().cloned().collect() };
+        AlgoError::UnknownName { kind, name: name.to_string(), known }
+    }
+}

@@ -1,0 +1,194 @@
+//! Importance ratios `ρ = πθ/μ` at token, sequence (GSPO) and cumulative (CTPO) level, and
+//! truncated importance-sampling weights.
+
+use crate::masked::{valid, zero_padding};
+use crate::{AlgoError, Result};
+use burn::tensor::{Int, Tensor};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Bound on `|log ρ|` at token and cumulative level (verl clamps `log πθ − log μ` to ±20).
+pub const LOG_RATIO_CLAMP: f64 = 20.0;
+/// Upper bound on the sequence-level log-ratio (verl's GSPO clamps it at 10).
+pub const SEQ_LOG_RATIO_MAX: f64 = 10.0;
+
+/// Which actions an importance ratio covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RatioLevel {
+    /// `ρ_t = exp(log πθ(a_t) − log μ(a_t))`: each token on its own (PPO, GRPO, DAPO, CISPO).
+    Token,
+    /// GSPO: `s_i = exp(mean_t log ρ_t)` for the whole response, applied to every token with the
+    /// stop-gradient trick `log πθ − sg(log πθ) + sg(log s_i)` (value `s_i`, gradient `s_i·∇log πθ`).
+    Sequence,
+    /// CTPO: the prefix product `log ρ_t^cum = Σ_{k≤t} log ρ_k` (or its geometric mean, divided by
+    /// the number of tokens so far), which sees how likely the history itself was.
+    Cumulative,
+}
+
+impl RatioLevel {
+    /// All levels with their names.
+    pub const ALL: [(RatioLevel, &'static str); 3] = [
+        (RatioLevel::Token, "token"),
+        (RatioLevel::Sequence, "sequence"),
+        (RatioLevel::Cumulative, "cumulative"),
+    ];
+}
+
+impl fmt::Display for RatioLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = Self::ALL.iter().find(|(l, _)| l == self).map(|(_, n)| *n).unwrap_or("?");
+        f.write_str(name)
+    }
+}
+
+impl FromStr for RatioLevel {
+    type Err = AlgoError;
+    fn from_str(s: &str) -> Result<Self> {
+        let key = s.trim().to_ascii_lowercase();
+        Self::ALL.iter().find(|(_, n)| *n == key).map(|(l, _)| *l).ok_or_else(|| {
+            AlgoError::unknown("ratio level", s, &Self::ALL.map(|(_, n)| n))
+        })
+    }
+}
+
+/// `log πθ − log μ` per token, exactly 0 (with zero gradient) at unmasked positions.
+///
+/// # Shapes
+/// - all inputs `[batch, T]` → `[batch, T]`
+pub fn token_log_ratio(log_prob: Tensor<2>, old_log_prob: Tensor<2>, mask: &Tensor<2>) -> Tensor<2> {
+    zero_padding(log_prob - old_log_prob, mask)
+}
+
+/// Log importance ratio at the given level, clamped where the reference clamps (token and
+/// cumulative: ±20; sequence: ≤ 10). `geometric_mean` applies to [`RatioLevel::Cumulative`]
+/// only: `log ρ_t^cum / (tokens up to t)`.
+///
+/// # Shapes
+/// - all inputs `[batch, T]` → `[batch, T]` (0 at unmasked positions for token/cumulative)
+pub fn log_ratio(
+    log_prob: Tensor<2>,
+    old_log_prob: Tensor<2>,
+    mask: &Tensor<2>,
+    level: RatioLevel,
+    geometric_mean: bool,
+) -> Tensor<2> {
+    let d = token_log_ratio(log_prob.clone(), old_log_prob, mask);
+    match level {
+        RatioLevel::Token => d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP),
+        RatioLevel::Sequence => {
+            let n = mask.clone().sum_dim(1).clamp_min(1.0);
+            let seq = (d.sum_dim(1) / n).detach();
+            let lp = zero_padding(log_prob, mask);
+            (lp.clone() - lp.detach() + seq).clamp_max(SEQ_LOG_RATIO_MAX)
+        }
+        RatioLevel::Cumulative => {
+            let cum = d.cumsum(1);
+            let cum = if geometric_mean {
+                let count = zero_padding(mask.clone(), mask).cumsum(1).clamp_min(1.0);
+                cum / count
+            } else {
+                cum
+            };
+            zero_padding(cum.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), mask)
+        }
+    }
+}
+
+/// 1-based token positions `t = 1..=T` as a float `[1, T]` row, in the dtype of `like`.
+pub fn positions(like: &Tensor<2>) -> Tensor<2> {
+    let [_, t] = like.dims();
+    Tensor::<1, Int>::arange(1..(t as i64 + 1), &like.device())
+        .float()
+        .cast(like.dtype())
+        .unsqueeze::<2>()
+}
+
+/// Truncated importance-sampling weights `min(exp(log π_old − log μ), cap)`, detached: the
+/// correction for tokens whose behaviour policy `μ` (e.g. the rollout engine) differs from the
+/// learner's `π_old`. Pass them as `rollout_is_weights`.
+///
+/// # Shapes
+/// - all inputs `[batch, T]` → `[batch, T]` (1 at unmasked positions)
+pub fn truncated_is_weights(
+    old_log_prob: Tensor<2>,
+    behaviour_log_prob: Tensor<2>,
+    mask: &Tensor<2>,
+    cap: f64,
+) -> Result<Tensor<2>> {
+    if !(cap.is_finite() && cap >= 1.0) {
+        return Err(AlgoError::InvalidSetting {
+            name: "truncated IS cap",
+            value: cap,
+            allowed: "must be finite and >= 1 (typical: 2.0)",
+        });
+    }
+    let d = token_log_ratio(old_log_prob, behaviour_log_prob, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
+    Ok(d.exp().clamp_max(cap).mask_fill(valid(mask).bool_not(), 1.0).detach())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::masked::to_host;
+    use burn::tensor::{DType, Device, TensorData};
+
+    fn t2(v: Vec<f64>, b: usize, t: usize) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(v, [b, t]), (&Device::flex(), DType::F64))
+    }
+
+    /// The lecture's numbers: 0.70/0.40 = 1.75 and 0.20/0.40 = 0.50.
+    #[test]
+    fn seed_token_ratios() {
+        let lp = t2(vec![0.70f64.ln(), 0.20f64.ln()], 1, 2);
+        let mu = t2(vec![0.40f64.ln(), 0.40f64.ln()], 1, 2);
+        let m = t2(vec![1.0, 1.0], 1, 2);
+        let r = to_host(&log_ratio(lp, mu, &m, RatioLevel::Token, false).exp()).unwrap();
+        assert!((r[0] - 1.75).abs() < 1e-12 && (r[1] - 0.50).abs() < 1e-12, "{r:?}");
+    }
+
+    /// Structural blindness: the next step has token ratio exactly 1, but the history that led
+    /// there had probability ratio 0.10/0.40 = 0.25; only the cumulative ratio sees it.
+    #[test]
+    fn cumulative_ratio_sees_the_history() {
+        let lp = t2(vec![0.10f64.ln(), 0.5f64.ln()], 1, 2);
+        let mu = t2(vec![0.40f64.ln(), 0.5f64.ln()], 1, 2);
+        let m = t2(vec![1.0, 1.0], 1, 2);
+        let tok = to_host(&log_ratio(lp.clone(), mu.clone(), &m, RatioLevel::Token, false).exp()).unwrap();
+        let cum = to_host(&log_ratio(lp, mu, &m, RatioLevel::Cumulative, false).exp()).unwrap();
+        assert_eq!(tok[1], 1.0);
+        assert!((cum[1] - 0.25).abs() < 1e-12, "{cum:?}");
+    }
+
+    /// 1.05 per step over 100 steps multiplies to ≈ 131.5; the geometric mean stays at 1.05.
+    #[test]
+    fn gentle_drift_explodes_cumulatively() {
+        let lp = t2(vec![1.05f64.ln(); 100], 1, 100);
+        let mu = t2(vec![0.0; 100], 1, 100);
+        let m = t2(vec![1.0; 100], 1, 100);
+        let cum = to_host(&log_ratio(lp.clone(), mu.clone(), &m, RatioLevel::Cumulative, false).exp()).unwrap();
+        assert!((cum[99] - 131.5).abs() < 0.05, "{}", cum[99]);
+        let geo = to_host(&log_ratio(lp, mu, &m, RatioLevel::Cumulative, true).exp()).unwrap();
+        assert!((geo[99] - 1.05).abs() < 1e-12);
+    }
+
+    #[test]
+    fn sequence_ratio_is_length_normalised() {
+        let lp = t2(vec![0.2, 0.4, 9.0], 1, 3);
+        let mu = t2(vec![0.0, 0.0, -5.0], 1, 3);
+        let m = t2(vec![1.0, 1.0, 0.0], 1, 3);
+        let s = to_host(&log_ratio(lp, mu, &m, RatioLevel::Sequence, false)).unwrap();
+        assert!((s[0] - 0.3).abs() < 1e-12 && (s[1] - 0.3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn truncated_weights_are_capped() {
+        let old = t2(vec![0.0, 2.0, 7.0], 1, 3);
+        let mu = t2(vec![0.0, 0.0, 0.0], 1, 3);
+        let m = t2(vec![1.0, 1.0, 0.0], 1, 3);
+        let w = to_host(&truncated_is_weights(old, mu, &m, 2.0).unwrap()).unwrap();
+        assert_eq!(w, vec![1.0, 2.0, 1.0]);
+        assert!("tok".parse::<RatioLevel>().is_err());
+    }
+}

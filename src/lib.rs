@@ -1,0 +1,18 @@
+//! # rlft
+//!
+//! Reinforcement-learning fine-tuning of language models on burn 0.22: the algorithms of the
+//! field (PPO, GRPO, Dr.GRPO, DAPO, GSPO, CISPO, CTPO) as recipes and as a library.
+//!
+//! This facade re-exports the workspace crates:
+//! - [`algo`] (`rlft-algo`): log-probs, ratios, clipping, the policy-loss registry, aggregation,
+//!   advantages, KL estimators, value loss, reward shaping, diagnostics.
+//! - [`device`]: backend selection from a device string (`flex`, `wgpu:cpu`, `cuda:0`, ...).
+//! - [`parity`]: the runner that checks rlft against verl's golden cases.
+
+pub use rlft_algo as algo;
+pub use rlft_algo::device;
+
+pub mod parity;
+
+/// The burn version rlft is built on.
+pub const BURN_VERSION: &str = "0.22.1";
