@@ -14,13 +14,16 @@ const B: usize = 64;
 const T: usize = 1024;
 
 fn losses(c: &mut Criterion) {
-    let device = rlft::device::parse("flex").expect("flex is the default backend").autodiff();
+    let device = rlft::device::parse("flex")
+        .expect("flex is the default backend")
+        .autodiff();
     device.seed(0);
     let registry = LossRegistry::with_builtins();
     let log_prob = Tensor::<2>::random([B, T], Distribution::Uniform(-4.0, -0.01), &device);
     let old = log_prob.clone() + Tensor::random([B, T], Distribution::Normal(0.0, 0.1), &device);
     let adv = Tensor::<2>::random([B, T], Distribution::Normal(0.0, 1.0), &device);
-    let reference = log_prob.clone() + Tensor::random([B, T], Distribution::Normal(0.0, 0.1), &device);
+    let reference =
+        log_prob.clone() + Tensor::random([B, T], Distribution::Normal(0.0, 0.1), &device);
     let mask = Tensor::<2>::ones([B, T], &device);
     let mut group = c.benchmark_group("policy_loss_fwd_bwd_b64_t1024");
     group.sample_size(20);
@@ -29,11 +32,15 @@ fn losses(c: &mut Criterion) {
         group.bench_function(&name, |b| {
             b.iter(|| {
                 let lp = log_prob.clone().detach().require_grad();
-                let input = PolicyLossInput::new(lp.clone(), old.clone(), adv.clone(), mask.clone())
-                    .with_ref_log_prob(reference.clone());
+                let input =
+                    PolicyLossInput::new(lp.clone(), old.clone(), adv.clone(), mask.clone())
+                        .with_ref_log_prob(reference.clone());
                 let out = registry.compute(&name, &input, &config).expect("loss runs");
                 let grads = out.loss.backward();
-                lp.grad(&grads).expect("gradient").sum().into_scalar::<f32>()
+                lp.grad(&grads)
+                    .expect("gradient")
+                    .sum()
+                    .into_scalar::<f32>()
             })
         });
     }
@@ -46,7 +53,12 @@ fn losses(c: &mut Criterion) {
     c.bench_function("grpo_advantages_b64_t1024", |b| {
         b.iter(|| {
             let input = AdvantageInput::new(rewards.clone(), mask.clone()).with_groups(ids.clone());
-            AdvantageEstimator::grpo().compute(&input).expect("advantages").advantages.sum().into_scalar::<f32>()
+            AdvantageEstimator::grpo()
+                .compute(&input)
+                .expect("advantages")
+                .advantages
+                .sum()
+                .into_scalar::<f32>()
         })
     });
 }

@@ -34,11 +34,16 @@ fn main() -> Result<()> {
     device.seed(7);
     let mut registry = LossRegistry::with_builtins();
     registry.register("truncated_is_pg", TruncatedIsPg { cap: 2.0 });
-    println!("registered losses and presets: {}", registry.names().join(", "));
+    println!(
+        "registered losses and presets: {}",
+        registry.names().join(", ")
+    );
 
     let (b, t) = (8, 16);
-    let log_prob = Tensor::<2>::random([b, t], Distribution::Uniform(-3.0, -0.1), &device).require_grad();
-    let old = log_prob.clone().detach() + Tensor::random([b, t], Distribution::Normal(0.0, 0.5), &device);
+    let log_prob =
+        Tensor::<2>::random([b, t], Distribution::Uniform(-3.0, -0.1), &device).require_grad();
+    let old =
+        log_prob.clone().detach() + Tensor::random([b, t], Distribution::Normal(0.0, 0.5), &device);
     let adv = Tensor::<2>::random([b, t], Distribution::Normal(0.0, 1.0), &device);
     let mask = Tensor::<2>::ones([b, t], &device);
     let input = PolicyLossInput::new(log_prob.clone(), old, adv, mask);
@@ -47,7 +52,9 @@ fn main() -> Result<()> {
         let config = registry.resolve(name)?.config;
         let out = registry.compute(name, &input, &config)?;
         let m = out.metrics.read()?;
-        let grad = log_prob.grad(&out.loss.backward()).map(|g| g.abs().sum().into_scalar::<f32>());
+        let grad = log_prob
+            .grad(&out.loss.backward())
+            .map(|g| g.abs().sum().into_scalar::<f32>());
         println!(
             "{name:>16}: loss {:+.5}  clip_frac high {:.3} low {:.3}  ratio max {:.3}  |grad| {:.4}",
             m.pg_loss,

@@ -11,7 +11,10 @@ use rlft::parity::{Options, golden_dir, run_dir};
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let f32 = args.iter().any(|a| a == "--f32");
-    let dir = args.iter().find(|a| !a.starts_with("--")).map(String::as_str);
+    let dir = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .map(String::as_str);
     let opts = if f32 { Options::f32() } else { Options::f64() };
     let dir = golden_dir(dir);
     let report = run_dir(&dir, &opts)?;

@@ -23,7 +23,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ParityError {
     /// The golden directory cannot be read.
-    #[error("cannot read golden directory {path}: {source}; pass a directory of rl-golden/v1 case files")]
+    #[error(
+        "cannot read golden directory {path}: {source}; pass a directory of rl-golden/v1 case files"
+    )]
     Dir {
         /// The directory.
         path: PathBuf,
@@ -66,12 +68,22 @@ pub struct Options {
 impl Options {
     /// f64 on flex, rtol 1e-9, atol 1e-12 (the required mode).
     pub fn f64() -> Self {
-        Self { dtype: DType::F64, rtol: 1e-9, atol: 1e-12, device: Device::flex() }
+        Self {
+            dtype: DType::F64,
+            rtol: 1e-9,
+            atol: 1e-12,
+            device: Device::flex(),
+        }
     }
 
     /// f32 on flex, rtol 1e-5, atol 1e-6.
     pub fn f32() -> Self {
-        Self { dtype: DType::F32, rtol: 1e-5, atol: 1e-6, device: Device::flex() }
+        Self {
+            dtype: DType::F32,
+            rtol: 1e-5,
+            atol: 1e-6,
+            device: Device::flex(),
+        }
     }
 }
 
@@ -136,27 +148,68 @@ impl Report {
 
 /// Verl features rlft does not implement; cases using them are skipped with this reason.
 const SKIPS: &[(&str, &str, &str)] = &[
-    ("loss_mode", "clip_cov", "clip_cov (Clip-Cov) is not implemented in rlft"),
-    ("loss_mode", "kl_cov", "kl_cov (KL-Cov) is not implemented in rlft"),
-    ("loss_mode", "dppo_tv", "dppo_* (DPPO trust-region masks) are not implemented in rlft"),
-    ("loss_mode", "dppo_kl", "dppo_* (DPPO trust-region masks) are not implemented in rlft"),
-    ("estimator", "opo", "OPO advantages are not implemented in rlft"),
-    ("estimator", "remax", "ReMax advantages need a greedy-baseline rollout; not implemented in rlft"),
-    ("estimator", "grpo_passk", "pass@k GRPO advantages are not implemented in rlft"),
-    ("estimator", "gpg", "GPG advantages are not implemented in rlft (the gpg policy loss is)"),
+    (
+        "loss_mode",
+        "clip_cov",
+        "clip_cov (Clip-Cov) is not implemented in rlft",
+    ),
+    (
+        "loss_mode",
+        "kl_cov",
+        "kl_cov (KL-Cov) is not implemented in rlft",
+    ),
+    (
+        "loss_mode",
+        "dppo_tv",
+        "dppo_* (DPPO trust-region masks) are not implemented in rlft",
+    ),
+    (
+        "loss_mode",
+        "dppo_kl",
+        "dppo_* (DPPO trust-region masks) are not implemented in rlft",
+    ),
+    (
+        "estimator",
+        "opo",
+        "OPO advantages are not implemented in rlft",
+    ),
+    (
+        "estimator",
+        "remax",
+        "ReMax advantages need a greedy-baseline rollout; not implemented in rlft",
+    ),
+    (
+        "estimator",
+        "grpo_passk",
+        "pass@k GRPO advantages are not implemented in rlft",
+    ),
+    (
+        "estimator",
+        "gpg",
+        "GPG advantages are not implemented in rlft (the gpg policy loss is)",
+    ),
 ];
 
 /// Runs every `*.json` case in `dir` (except `index.json`), in file-name order.
 pub fn run_dir(dir: &Path, opts: &Options) -> Result<Report> {
-    let rd = std::fs::read_dir(dir).map_err(|source| ParityError::Dir { path: dir.into(), source })?;
+    let rd = std::fs::read_dir(dir).map_err(|source| ParityError::Dir {
+        path: dir.into(),
+        source,
+    })?;
     let mut files: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "json") && p.file_name().is_some_and(|n| n != "index.json"))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "json")
+                && p.file_name().is_some_and(|n| n != "index.json")
+        })
         .collect();
     files.sort();
     let mut report = Report::default();
     for f in files {
-        let id = f.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let id = f
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let outcome = match run_file(&f, opts) {
             Ok(o) => o,
             Err(e) => Outcome::Failed(vec![e.to_string()]),
@@ -169,8 +222,14 @@ pub fn run_dir(dir: &Path, opts: &Options) -> Result<Report> {
 /// Runs one case file.
 pub fn run_file(path: &Path, opts: &Options) -> Result<Outcome> {
     let case = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ParityError::Case { case: case.clone(), msg: e.to_string() })?;
-    let json: Value = serde_json::from_str(&text).map_err(|e| ParityError::Case { case, msg: format!("not JSON: {e}") })?;
+    let text = std::fs::read_to_string(path).map_err(|e| ParityError::Case {
+        case: case.clone(),
+        msg: e.to_string(),
+    })?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| ParityError::Case {
+        case,
+        msg: format!("not JSON: {e}"),
+    })?;
     run_case(&json, opts)
 }
 
@@ -190,7 +249,11 @@ pub fn run_case(case: &Value, opts: &Options) -> Result<Outcome> {
         "value_loss" => c.value_loss(&mut cmp)?,
         other => return Err(c.err(format!("unknown kind '{other}'"))),
     }
-    Ok(if cmp.failures.is_empty() { Outcome::Passed } else { Outcome::Failed(cmp.failures) })
+    Ok(if cmp.failures.is_empty() {
+        Outcome::Passed
+    } else {
+        Outcome::Failed(cmp.failures)
+    })
 }
 
 /// Element-wise comparison that collects failures.
@@ -202,7 +265,11 @@ struct Compare {
 
 impl Compare {
     fn new(o: &Options) -> Self {
-        Self { rtol: o.rtol, atol: o.atol, failures: Vec::new() }
+        Self {
+            rtol: o.rtol,
+            atol: o.atol,
+            failures: Vec::new(),
+        }
     }
 
     fn close(&self, got: f64, want: f64) -> bool {
@@ -211,31 +278,53 @@ impl Compare {
 
     fn scalar(&mut self, name: &str, got: f64, want: f64) {
         if !self.close(got, want) {
-            self.failures.push(format!("{name}: rlft {got:e} vs reference {want:e}"));
+            self.failures
+                .push(format!("{name}: rlft {got:e} vs reference {want:e}"));
         }
     }
 
     /// Compares where `mask` is set; where it is not and `zero_outside`, requires exactly 0.
-    fn tensor(&mut self, name: &str, got: &[f64], want: &[f64], mask: Option<&[f64]>, zero_outside: bool) {
+    fn tensor(
+        &mut self,
+        name: &str,
+        got: &[f64],
+        want: &[f64],
+        mask: Option<&[f64]>,
+        zero_outside: bool,
+    ) {
         if got.len() != want.len() {
-            self.failures.push(format!("{name}: rlft has {} elements, reference {}", got.len(), want.len()));
+            self.failures.push(format!(
+                "{name}: rlft has {} elements, reference {}",
+                got.len(),
+                want.len()
+            ));
             return;
         }
         let mut bad = 0;
         for (k, (g, w)) in got.iter().zip(want).enumerate() {
             // Gradients over a [B, T, V] tensor use the [B, T] mask of their row.
             let inside = mask.is_none_or(|m| m[k * m.len() / got.len()] > 0.5);
-            let ok = if inside { self.close(*g, *w) } else { !zero_outside || *g == 0.0 };
+            let ok = if inside {
+                self.close(*g, *w)
+            } else {
+                !zero_outside || *g == 0.0
+            };
             if !ok {
                 bad += 1;
                 if bad <= 3 {
-                    let what = if inside { format!("reference {w:e}") } else { "exactly 0 (padding)".into() };
-                    self.failures.push(format!("{name}[{k}]: rlft {g:e} vs {what}"));
+                    let what = if inside {
+                        format!("reference {w:e}")
+                    } else {
+                        "exactly 0 (padding)".into()
+                    };
+                    self.failures
+                        .push(format!("{name}[{k}]: rlft {g:e} vs {what}"));
                 }
             }
         }
         if bad > 3 {
-            self.failures.push(format!("{name}: {bad} elements differ in all"));
+            self.failures
+                .push(format!("{name}: {bad} elements differ in all"));
         }
     }
 }
@@ -249,19 +338,37 @@ struct Case<'a> {
 
 impl<'a> Case<'a> {
     fn new(json: &'a Value, opts: &'a Options) -> Result<Self> {
-        let id = json.get("case_id").and_then(Value::as_str).unwrap_or("<no case_id>").to_string();
+        let id = json
+            .get("case_id")
+            .and_then(Value::as_str)
+            .unwrap_or("<no case_id>")
+            .to_string();
         if json.get("schema").and_then(Value::as_str) != Some("rl-golden/v1") {
-            return Err(ParityError::Case { case: id, msg: "schema is not rl-golden/v1".into() });
+            return Err(ParityError::Case {
+                case: id,
+                msg: "schema is not rl-golden/v1".into(),
+            });
         }
-        Ok(Self { json, id, opts, device: opts.device.clone().autodiff() })
+        Ok(Self {
+            json,
+            id,
+            opts,
+            device: opts.device.clone().autodiff(),
+        })
     }
 
     fn err(&self, msg: impl Into<String>) -> ParityError {
-        ParityError::Case { case: self.id.clone(), msg: msg.into() }
+        ParityError::Case {
+            case: self.id.clone(),
+            msg: msg.into(),
+        }
     }
 
     fn algo(&self, e: rlft_algo::AlgoError) -> ParityError {
-        ParityError::Algo { case: self.id.clone(), source: e }
+        ParityError::Algo {
+            case: self.id.clone(),
+            source: e,
+        }
     }
 
     fn get(&self, path: &[&str]) -> Option<&'a Value> {
@@ -269,11 +376,15 @@ impl<'a> Case<'a> {
     }
 
     fn str(&self, path: &[&str]) -> Result<&'a str> {
-        self.get(path).and_then(Value::as_str).ok_or_else(|| self.err(format!("missing string {}", path.join("."))))
+        self.get(path)
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.err(format!("missing string {}", path.join("."))))
     }
 
     fn num(&self, path: &[&str]) -> Result<f64> {
-        self.get(path).and_then(Value::as_f64).ok_or_else(|| self.err(format!("missing number {}", path.join("."))))
+        self.get(path)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| self.err(format!("missing number {}", path.join("."))))
     }
 
     fn opt_num(&self, path: &[&str]) -> Option<f64> {
@@ -290,35 +401,60 @@ impl<'a> Case<'a> {
 
     /// A stored tensor's shape and values (bool/int as 0/1/integers).
     fn raw(&self, group: &str, name: &str) -> Result<(Vec<usize>, Vec<f64>)> {
-        let t = self.get(&[group, name]).ok_or_else(|| self.err(format!("missing {group}.{name}")))?;
+        let t = self
+            .get(&[group, name])
+            .ok_or_else(|| self.err(format!("missing {group}.{name}")))?;
         let shape: Vec<usize> = t
             .get("shape")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_u64).map(|x| x as usize).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_u64)
+                    .map(|x| x as usize)
+                    .collect()
+            })
             .ok_or_else(|| self.err(format!("{group}.{name} has no shape")))?;
         let data: Vec<f64> = t
             .get("data")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|x| x.as_f64().or_else(|| x.as_bool().map(f64::from))).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_f64().or_else(|| x.as_bool().map(f64::from)))
+                    .collect()
+            })
             .ok_or_else(|| self.err(format!("{group}.{name} has no data")))?;
         if data.len() != shape.iter().product::<usize>() {
-            return Err(self.err(format!("{group}.{name}: {} values for shape {shape:?}", data.len())));
+            return Err(self.err(format!(
+                "{group}.{name}: {} values for shape {shape:?}",
+                data.len()
+            )));
         }
         Ok((shape, data))
     }
 
     fn tensor<const D: usize>(&self, name: &str) -> Result<Tensor<D>> {
         let (shape, data) = self.raw("inputs", name)?;
-        let dims: [usize; D] = shape.try_into().map_err(|s| self.err(format!("inputs.{name}: rank of {s:?} is not {D}")))?;
-        Ok(Tensor::from_data(TensorData::new(data, dims), (&self.device, self.opts.dtype)))
+        let dims: [usize; D] = shape
+            .try_into()
+            .map_err(|s| self.err(format!("inputs.{name}: rank of {s:?} is not {D}")))?;
+        Ok(Tensor::from_data(
+            TensorData::new(data, dims),
+            (&self.device, self.opts.dtype),
+        ))
     }
 
     fn opt_tensor(&self, name: &str) -> Result<Option<Tensor<2>>> {
-        if self.get(&["inputs", name]).is_some() { self.tensor(name).map(Some) } else { Ok(None) }
+        if self.get(&["inputs", name]).is_some() {
+            self.tensor(name).map(Some)
+        } else {
+            Ok(None)
+        }
     }
 
     fn want(&self, path: &[&str]) -> Result<Vec<f64>> {
-        let t = self.get(path).ok_or_else(|| self.err(format!("missing {}", path.join("."))))?;
+        let t = self
+            .get(path)
+            .ok_or_else(|| self.err(format!("missing {}", path.join("."))))?;
         t.get("data")
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(Value::as_f64).collect())
@@ -376,16 +512,35 @@ impl<'a> Case<'a> {
         }
         let log_prob = self.tensor::<2>("log_prob")?.require_grad();
         let (mask, mask_v) = self.mask()?;
-        let mut input = PolicyLossInput::new(log_prob.clone(), self.tensor("old_log_prob")?, self.tensor("advantages")?, mask)
-            .with_global(self.global());
+        let mut input = PolicyLossInput::new(
+            log_prob.clone(),
+            self.tensor("old_log_prob")?,
+            self.tensor("advantages")?,
+            mask,
+        )
+        .with_global(self.global());
         if let Some(w) = self.opt_tensor("rollout_is_weights")? {
             input = input.with_rollout_is_weights(w);
         }
-        let out = registry.compute(name, &input, &cfg).map_err(|e| self.algo(e))?;
+        let out = registry
+            .compute(name, &input, &cfg)
+            .map_err(|e| self.algo(e))?;
         let grads = out.loss.backward();
-        cmp.scalar("loss", self.host(&out.loss)?[0], self.num(&["outputs", "loss"])?);
-        let grad = log_prob.grad(&grads).ok_or_else(|| self.err("no gradient reached log_prob"))?;
-        cmp.tensor("grad.log_prob", &self.host(&grad)?, &self.want(&["outputs", "grad", "log_prob"])?, Some(&mask_v), true);
+        cmp.scalar(
+            "loss",
+            self.host(&out.loss)?[0],
+            self.num(&["outputs", "loss"])?,
+        );
+        let grad = log_prob
+            .grad(&grads)
+            .ok_or_else(|| self.err("no gradient reached log_prob"))?;
+        cmp.tensor(
+            "grad.log_prob",
+            &self.host(&grad)?,
+            &self.want(&["outputs", "grad", "log_prob"])?,
+            Some(&mask_v),
+            true,
+        );
         let m = out.metrics.read().map_err(|e| self.algo(e))?;
         // verl's metric names → rlft's metrics. geo_mean splits its clip fraction by the
         // advantage's sign; the clipped surrogates by bound.
@@ -393,7 +548,11 @@ impl<'a> Case<'a> {
             "geo_mean" => (m.clip_frac_high, m.clip_frac_low),
             _ => (m.clip_frac_low + m.clip_frac_high, m.clip_frac_dual),
         };
-        let reported = [("actor/pg_clipfrac", clipfrac), ("actor/pg_clipfrac_lower", lower), ("actor/ppo_kl", m.approx_kl)];
+        let reported = [
+            ("actor/pg_clipfrac", clipfrac),
+            ("actor/pg_clipfrac_lower", lower),
+            ("actor/ppo_kl", m.approx_kl),
+        ];
         for (key, got) in reported {
             if let Some(want) = self.opt_num(&["outputs", "metrics", key]) {
                 cmp.scalar(key, got, want);
@@ -404,17 +563,32 @@ impl<'a> Case<'a> {
 
     fn advantage(&self, cmp: &mut Compare) -> Result<()> {
         let eps = self.opt_num(&["config", "epsilon"]).unwrap_or(1e-6);
-        let gamma = self.opt_num(&["config", "gamma"]).or_else(|| self.opt_num(&["config", "config.gamma"]));
+        let gamma = self
+            .opt_num(&["config", "gamma"])
+            .or_else(|| self.opt_num(&["config", "config.gamma"]));
         let est = match self.str(&["config", "estimator"])? {
             "grpo" => {
-                let norm = self.get(&["config", "norm_adv_by_std_in_grpo"]).and_then(Value::as_bool).unwrap_or(true);
-                AdvantageEstimator::Grpo { norm_by_std: norm, epsilon: eps }
+                let norm = self
+                    .get(&["config", "norm_adv_by_std_in_grpo"])
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true);
+                AdvantageEstimator::Grpo {
+                    norm_by_std: norm,
+                    epsilon: eps,
+                }
             }
             "rloo" => AdvantageEstimator::Rloo,
-            "reinforce_plus_plus" => AdvantageEstimator::ReinforcePlusPlus { gamma: gamma.unwrap_or(1.0) },
+            "reinforce_plus_plus" => AdvantageEstimator::ReinforcePlusPlus {
+                gamma: gamma.unwrap_or(1.0),
+            },
             "reinforce_plus_plus_baseline" => AdvantageEstimator::ReinforcePlusPlusBaseline,
-            "gae" => AdvantageEstimator::Gae { gamma: gamma.unwrap_or(1.0), lam: self.num(&["config", "lam"])? },
-            other => return Err(self.err(format!("advantage estimator '{other}' has no rlft mapping"))),
+            "gae" => AdvantageEstimator::Gae {
+                gamma: gamma.unwrap_or(1.0),
+                lam: self.num(&["config", "lam"])?,
+            },
+            other => {
+                return Err(self.err(format!("advantage estimator '{other}' has no rlft mapping")));
+            }
         };
         let (mask, mask_v) = self.mask()?;
         let mut input = AdvantageInput::new(self.tensor("token_level_rewards")?, mask);
@@ -426,19 +600,47 @@ impl<'a> Case<'a> {
             input = input.with_values(v);
         }
         let out = est.compute(&input).map_err(|e| self.algo(e))?;
-        cmp.tensor("advantages", &self.host(&out.advantages)?, &self.want(&["outputs", "advantages"])?, Some(&mask_v), false);
-        cmp.tensor("returns", &self.host(&out.returns)?, &self.want(&["outputs", "returns"])?, Some(&mask_v), false);
+        cmp.tensor(
+            "advantages",
+            &self.host(&out.advantages)?,
+            &self.want(&["outputs", "advantages"])?,
+            Some(&mask_v),
+            false,
+        );
+        cmp.tensor(
+            "returns",
+            &self.host(&out.returns)?,
+            &self.want(&["outputs", "returns"])?,
+            Some(&mask_v),
+            false,
+        );
         Ok(())
     }
 
     fn kl(&self, cmp: &mut Compare) -> Result<()> {
-        let est: KlEstimator = self.str(&["config", "kl_penalty"])?.parse().map_err(|e| self.algo(e))?;
+        let est: KlEstimator = self
+            .str(&["config", "kl_penalty"])?
+            .parse()
+            .map_err(|e| self.algo(e))?;
         let mode = self.agg(&["config", "loss_agg_mode"])?;
         let log_prob = self.tensor::<2>("log_prob")?.require_grad();
         let (mask, mask_v) = self.mask()?;
-        let kl = kl_penalty(log_prob.clone(), self.tensor("ref_log_prob")?, est, Some(&mask)).map_err(|e| self.algo(e))?;
-        let loss = aggregate_loss(kl.clone(), &mask, mode, &GlobalBatchInfo::local()).map_err(|e| self.algo(e))?;
-        cmp.tensor("kl", &self.host(&kl)?, &self.want(&["outputs", "kl"])?, Some(&mask_v), false);
+        let kl = kl_penalty(
+            log_prob.clone(),
+            self.tensor("ref_log_prob")?,
+            est,
+            Some(&mask),
+        )
+        .map_err(|e| self.algo(e))?;
+        let loss = aggregate_loss(kl.clone(), &mask, mode, &GlobalBatchInfo::local())
+            .map_err(|e| self.algo(e))?;
+        cmp.tensor(
+            "kl",
+            &self.host(&kl)?,
+            &self.want(&["outputs", "kl"])?,
+            Some(&mask_v),
+            false,
+        );
         self.scalar_and_grad(cmp, loss, &log_prob, "log_prob", &mask_v)
     }
 
@@ -447,23 +649,50 @@ impl<'a> Case<'a> {
         let logits = self.tensor::<3>("logits")?.require_grad();
         let (mask, mask_v) = self.mask()?;
         let h = entropy_from_logits(logits.clone(), None).map_err(|e| self.algo(e))?;
-        let loss = aggregate_loss(h.clone(), &mask, mode, &GlobalBatchInfo::local()).map_err(|e| self.algo(e))?;
-        cmp.tensor("entropy", &self.host(&h)?, &self.want(&["outputs", "entropy"])?, Some(&mask_v), false);
+        let loss = aggregate_loss(h.clone(), &mask, mode, &GlobalBatchInfo::local())
+            .map_err(|e| self.algo(e))?;
+        cmp.tensor(
+            "entropy",
+            &self.host(&h)?,
+            &self.want(&["outputs", "entropy"])?,
+            Some(&mask_v),
+            false,
+        );
         self.scalar_and_grad(cmp, loss, &logits, "logits", &mask_v)
     }
 
     fn logprob(&self, cmp: &mut Compare) -> Result<()> {
         let logits = self.tensor::<3>("logits")?.require_grad();
         let (shape, labels) = self.raw("inputs", "labels")?;
-        let dims: [usize; 2] = shape.try_into().map_err(|_| self.err("labels must be [B, T]"))?;
+        let dims: [usize; 2] = shape
+            .try_into()
+            .map_err(|_| self.err("labels must be [B, T]"))?;
         let labels: Vec<i64> = labels.iter().map(|v| *v as i64).collect();
         let labels = Tensor::<2, Int>::from_data(TensorData::new(labels, dims), &self.device);
         let lp = logprobs_from_logits(logits.clone(), labels, None).map_err(|e| self.algo(e))?;
         let loss = (lp.clone() * self.tensor::<2>("upstream")?).sum();
-        cmp.tensor("log_prob", &self.host(&lp)?, &self.want(&["outputs", "log_prob"])?, None, false);
-        cmp.scalar("loss", self.host(&loss)?[0], self.num(&["outputs", "loss"])?);
-        let g = logits.grad(&loss.backward()).ok_or_else(|| self.err("no gradient reached logits"))?;
-        cmp.tensor("grad.logits", &self.host(&g)?, &self.want(&["outputs", "grad", "logits"])?, None, false);
+        cmp.tensor(
+            "log_prob",
+            &self.host(&lp)?,
+            &self.want(&["outputs", "log_prob"])?,
+            None,
+            false,
+        );
+        cmp.scalar(
+            "loss",
+            self.host(&loss)?[0],
+            self.num(&["outputs", "loss"])?,
+        );
+        let g = logits
+            .grad(&loss.backward())
+            .ok_or_else(|| self.err("no gradient reached logits"))?;
+        cmp.tensor(
+            "grad.logits",
+            &self.host(&g)?,
+            &self.want(&["outputs", "grad", "logits"])?,
+            None,
+            false,
+        );
         Ok(())
     }
 
@@ -495,9 +724,21 @@ impl<'a> Case<'a> {
         name: &str,
         mask: &[f64],
     ) -> Result<()> {
-        cmp.scalar("loss", self.host(&loss)?[0], self.num(&["outputs", "loss"])?);
-        let g = leaf.grad(&loss.backward()).ok_or_else(|| self.err(format!("no gradient reached {name}")))?;
-        cmp.tensor(&format!("grad.{name}"), &self.host(&g)?, &self.want(&["outputs", "grad", name])?, Some(mask), true);
+        cmp.scalar(
+            "loss",
+            self.host(&loss)?[0],
+            self.num(&["outputs", "loss"])?,
+        );
+        let g = leaf
+            .grad(&loss.backward())
+            .ok_or_else(|| self.err(format!("no gradient reached {name}")))?;
+        cmp.tensor(
+            &format!("grad.{name}"),
+            &self.host(&g)?,
+            &self.want(&["outputs", "grad", name])?,
+            Some(mask),
+            true,
+        );
         Ok(())
     }
 }

@@ -49,27 +49,39 @@ fn run(dev: &Device) -> Vec<(String, Vec<f64>)> {
     let dev = dev.clone().autodiff();
     let registry = LossRegistry::with_builtins();
     let lens: Vec<usize> = (0..B).map(|i| (i * 3 + 1) % (T + 1)).collect();
-    let mask: Vec<f32> = (0..B * T).map(|k| if k % T < lens[k / T] { 1.0 } else { 0.0 }).collect();
+    let mask: Vec<f32> = (0..B * T)
+        .map(|k| if k % T < lens[k / T] { 1.0 } else { 0.0 })
+        .collect();
     let mut out = Vec::new();
     for name in registry.names() {
         let log_prob = t2(values(B * T, 1, -3.0, -0.05), &dev).require_grad();
         let old = t2(values(B * T, 2, -3.0, -0.05), &dev);
         let adv = t2(values(B * T, 3, -1.5, 1.5), &dev);
         let reference = t2(values(B * T, 4, -3.0, -0.05), &dev);
-        let input = PolicyLossInput::new(log_prob.clone(), old, adv, t2(mask.clone(), &dev)).with_ref_log_prob(reference);
+        let input = PolicyLossInput::new(log_prob.clone(), old, adv, t2(mask.clone(), &dev))
+            .with_ref_log_prob(reference);
         let mut config = registry.resolve(&name).unwrap().config;
         config.kl_coef = 0.05;
-        let loss = registry.compute(&name, &input, &config).unwrap_or_else(|e| panic!("{name}: {e}")).loss;
+        let loss = registry
+            .compute(&name, &input, &config)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .loss;
         let grad = log_prob.grad(&loss.backward()).unwrap();
         out.push((name.clone(), to_host(&loss).unwrap()));
         out.push((format!("{name} grad"), to_host(&grad).unwrap()));
     }
-    let logits = Tensor::<3>::from_data(TensorData::new(values(B * T * V, 5, -4.0, 4.0), [B, T, V]), &dev).require_grad();
+    let logits = Tensor::<3>::from_data(
+        TensorData::new(values(B * T * V, 5, -4.0, 4.0), [B, T, V]),
+        &dev,
+    )
+    .require_grad();
     let labels: Vec<i64> = (0..B * T).map(|k| ((k * 7) % V) as i64).collect();
     let labels = Tensor::<2, Int>::from_data(TensorData::new(labels, [B, T]), &dev);
     let lp = logprobs_from_logits(logits.clone(), labels, Some(0.7)).unwrap();
     let h = entropy_from_logits(logits.clone(), Some(0.7)).unwrap();
-    let grad = logits.grad(&(lp.clone().sum() + h.clone().sum()).backward()).unwrap();
+    let grad = logits
+        .grad(&(lp.clone().sum() + h.clone().sum()).backward())
+        .unwrap();
     out.push(("logprobs".into(), to_host(&lp).unwrap()));
     out.push(("entropy".into(), to_host(&h).unwrap()));
     out.push(("logits grad".into(), to_host(&grad).unwrap()));
@@ -84,7 +96,10 @@ fn losses_agree_across_backends() {
         let got = run(dev);
         for ((name, want), (_, have)) in reference.iter().zip(&got) {
             for (k, (w, h)) in want.iter().zip(have).enumerate() {
-                assert!((w - h).abs() <= 1e-4 * (1.0 + w.abs()), "{dev_name} {name}[{k}]: {h} vs flex {w}");
+                assert!(
+                    (w - h).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{dev_name} {name}[{k}]: {h} vs flex {w}"
+                );
             }
         }
         println!("{dev_name}: {} quantities agree with flex", got.len());

@@ -60,20 +60,39 @@ pub const ESTIMATOR_NAMES: [&str; 7] = [
 impl AdvantageEstimator {
     /// GRPO with std normalisation and ε = 1e-6.
     pub fn grpo() -> Self {
-        AdvantageEstimator::Grpo { norm_by_std: true, epsilon: 1e-6 }
+        AdvantageEstimator::Grpo {
+            norm_by_std: true,
+            epsilon: 1e-6,
+        }
     }
 
     /// An estimator by name with default settings (γ = 1, λ = 0.95 where they apply).
     pub fn from_name(name: &str) -> Result<Self> {
         Ok(match name.trim().to_ascii_lowercase().as_str() {
             "grpo" => Self::grpo(),
-            "dr_grpo" | "grpo_no_std" => AdvantageEstimator::Grpo { norm_by_std: false, epsilon: 1e-6 },
+            "dr_grpo" | "grpo_no_std" => AdvantageEstimator::Grpo {
+                norm_by_std: false,
+                epsilon: 1e-6,
+            },
             "batch_std" => AdvantageEstimator::GroupMeanBatchStd { epsilon: 1e-6 },
             "rloo" => AdvantageEstimator::Rloo,
-            "reinforce_plus_plus" | "reinforce++" => AdvantageEstimator::ReinforcePlusPlus { gamma: 1.0 },
-            "reinforce_plus_plus_baseline" | "reinforce++_baseline" => AdvantageEstimator::ReinforcePlusPlusBaseline,
-            "gae" => AdvantageEstimator::Gae { gamma: 1.0, lam: 0.95 },
-            _ => return Err(AlgoError::unknown("advantage estimator", name, &ESTIMATOR_NAMES)),
+            "reinforce_plus_plus" | "reinforce++" => {
+                AdvantageEstimator::ReinforcePlusPlus { gamma: 1.0 }
+            }
+            "reinforce_plus_plus_baseline" | "reinforce++_baseline" => {
+                AdvantageEstimator::ReinforcePlusPlusBaseline
+            }
+            "gae" => AdvantageEstimator::Gae {
+                gamma: 1.0,
+                lam: 0.95,
+            },
+            _ => {
+                return Err(AlgoError::unknown(
+                    "advantage estimator",
+                    name,
+                    &ESTIMATOR_NAMES,
+                ));
+            }
         })
     }
 
@@ -100,11 +119,16 @@ impl AdvantageEstimator {
         let rewards = to_host(&input.token_rewards)?;
         let mask = to_host(&input.response_mask)?;
         let like = &input.token_rewards;
-        let scores: Vec<f64> = (0..b).map(|i| rewards[i * t..(i + 1) * t].iter().sum()).collect();
+        let scores: Vec<f64> = (0..b)
+            .map(|i| rewards[i * t..(i + 1) * t].iter().sum())
+            .collect();
         let groups = || -> Result<Groups> {
             match &input.group_index {
                 Some(g) if g.len() == b => Ok(Groups::new(g, &scores)),
-                Some(g) => Err(AlgoError::GroupIndex { got: g.len(), batch: b }),
+                Some(g) => Err(AlgoError::GroupIndex {
+                    got: g.len(),
+                    batch: b,
+                }),
                 None => Err(AlgoError::MissingInput {
                     loss: format!("{self:?}"),
                     input: "group_index",
@@ -117,12 +141,19 @@ impl AdvantageEstimator {
             from_host(full, [b, t], like)
         };
         let out = match *self {
-            AdvantageEstimator::Grpo { norm_by_std, epsilon } => {
+            AdvantageEstimator::Grpo {
+                norm_by_std,
+                epsilon,
+            } => {
                 let g = groups()?;
                 let adv: Vec<f64> = (0..b)
                     .map(|i| {
                         let (mean, std) = g.mean_std(i);
-                        if norm_by_std { (scores[i] - mean) / (std + epsilon) } else { scores[i] - mean }
+                        if norm_by_std {
+                            (scores[i] - mean) / (std + epsilon)
+                        } else {
+                            scores[i] - mean
+                        }
                     })
                     .collect();
                 same(per_row(adv))
@@ -130,14 +161,22 @@ impl AdvantageEstimator {
             AdvantageEstimator::GroupMeanBatchStd { epsilon } => {
                 let g = groups()?;
                 let std = unbiased_std(&scores);
-                same(per_row((0..b).map(|i| (scores[i] - g.mean_std(i).0) / (std + epsilon)).collect()))
+                same(per_row(
+                    (0..b)
+                        .map(|i| (scores[i] - g.mean_std(i).0) / (std + epsilon))
+                        .collect(),
+                ))
             }
             AdvantageEstimator::Rloo => {
                 let g = groups()?;
                 let adv = (0..b)
                     .map(|i| {
                         let n = g.size(i) as f64;
-                        if n > 1.0 { scores[i] * n / (n - 1.0) - g.mean_std(i).0 * n / (n - 1.0) } else { scores[i] }
+                        if n > 1.0 {
+                            scores[i] * n / (n - 1.0) - g.mean_std(i).0 * n / (n - 1.0)
+                        } else {
+                            scores[i]
+                        }
                     })
                     .collect();
                 same(per_row(adv))
@@ -146,7 +185,10 @@ impl AdvantageEstimator {
                 let g = groups()?;
                 let centered = per_row((0..b).map(|i| scores[i] - g.mean_std(i).0).collect());
                 check_whitenable(&mask)?;
-                same(masked_whiten(centered, &input.response_mask, true) * input.response_mask.clone())
+                same(
+                    masked_whiten(centered, &input.response_mask, true)
+                        * input.response_mask.clone(),
+                )
             }
             AdvantageEstimator::ReinforcePlusPlus { gamma } => {
                 let mut returns = vec![0.0; b * t];
@@ -161,8 +203,12 @@ impl AdvantageEstimator {
                 }
                 check_whitenable(&mask)?;
                 let returns = from_host(returns, [b, t], like);
-                let adv = masked_whiten(returns.clone(), &input.response_mask, true) * input.response_mask.clone();
-                AdvantageOutput { advantages: adv, returns }
+                let adv = masked_whiten(returns.clone(), &input.response_mask, true)
+                    * input.response_mask.clone();
+                AdvantageOutput {
+                    advantages: adv,
+                    returns,
+                }
             }
             AdvantageEstimator::Gae { gamma, lam } => {
                 let values = input.values.as_ref().ok_or(AlgoError::MissingInput {
@@ -187,7 +233,10 @@ impl AdvantageEstimator {
                 check_whitenable(&mask)?;
                 let adv = from_host(adv, [b, t], like);
                 let returns = adv.clone() + values.clone();
-                AdvantageOutput { advantages: masked_whiten(adv, &input.response_mask, true), returns }
+                AdvantageOutput {
+                    advantages: masked_whiten(adv, &input.response_mask, true),
+                    returns,
+                }
             }
         };
         Ok(out)
@@ -195,7 +244,10 @@ impl AdvantageEstimator {
 }
 
 fn same(adv: Tensor<2>) -> AdvantageOutput {
-    AdvantageOutput { returns: adv.clone(), advantages: adv }
+    AdvantageOutput {
+        returns: adv.clone(),
+        advantages: adv,
+    }
 }
 
 fn check_whitenable(mask: &[f64]) -> Result<()> {
@@ -246,7 +298,11 @@ impl Groups {
                 if m.len() == 1 {
                     (1, 0.0, 1.0)
                 } else {
-                    (m.len(), m.iter().sum::<f64>() / m.len() as f64, unbiased_std(m))
+                    (
+                        m.len(),
+                        m.iter().sum::<f64>() / m.len() as f64,
+                        unbiased_std(m),
+                    )
                 }
             })
             .collect();
@@ -279,7 +335,12 @@ pub struct AdvantageInput {
 impl AdvantageInput {
     /// Rewards and mask.
     pub fn new(token_rewards: Tensor<2>, response_mask: Tensor<2>) -> Self {
-        Self { token_rewards, response_mask, group_index: None, values: None }
+        Self {
+            token_rewards,
+            response_mask,
+            group_index: None,
+            values: None,
+        }
     }
 
     /// Adds group ids (one per row).
@@ -322,8 +383,13 @@ mod tests {
             .unwrap();
         let a = to_host(&out.advantages).unwrap();
         let std = (0.5f64).sqrt();
-        assert!((a[0] - 0.5 / (std + 1e-6)).abs() < 1e-12 && (a[2] + 0.5 / (std + 1e-6)).abs() < 1e-12);
-        assert!((a[4] - 1.0 / (1.0 + 1e-6)).abs() < 1e-12, "singleton keeps its score");
+        assert!(
+            (a[0] - 0.5 / (std + 1e-6)).abs() < 1e-12 && (a[2] + 0.5 / (std + 1e-6)).abs() < 1e-12
+        );
+        assert!(
+            (a[4] - 1.0 / (1.0 + 1e-6)).abs() < 1e-12,
+            "singleton keeps its score"
+        );
         assert!((a[6] - 5.0 / (1.0 + 1e-6)).abs() < 1e-12);
     }
 
@@ -331,14 +397,29 @@ mod tests {
     fn errors_name_the_missing_piece() {
         let r = t2(vec![1.0; 4], 2, 2);
         let m = t2(vec![1.0; 4], 2, 2);
-        let e = AdvantageEstimator::grpo().compute(&AdvantageInput::new(r.clone(), m.clone())).unwrap_err();
+        let e = AdvantageEstimator::grpo()
+            .compute(&AdvantageInput::new(r.clone(), m.clone()))
+            .unwrap_err();
         assert!(e.to_string().contains("group_index"), "{e}");
         let e = AdvantageEstimator::grpo()
             .compute(&AdvantageInput::new(r.clone(), m.clone()).with_groups(vec![1]))
             .unwrap_err();
-        assert!(e.to_string().contains("1 entries but the batch has 2"), "{e}");
-        let e = AdvantageEstimator::Gae { gamma: 1.0, lam: 1.0 }.compute(&AdvantageInput::new(r, m)).unwrap_err();
+        assert!(
+            e.to_string().contains("1 entries but the batch has 2"),
+            "{e}"
+        );
+        let e = AdvantageEstimator::Gae {
+            gamma: 1.0,
+            lam: 1.0,
+        }
+        .compute(&AdvantageInput::new(r, m))
+        .unwrap_err();
         assert!(e.to_string().contains("values"), "{e}");
-        assert!(AdvantageEstimator::from_name("ppo").unwrap_err().to_string().contains("rloo"));
+        assert!(
+            AdvantageEstimator::from_name("ppo")
+                .unwrap_err()
+                .to_string()
+                .contains("rloo")
+        );
     }
 }

@@ -32,12 +32,19 @@ impl LossAggregation {
         (LossAggregation::TokenSum, "token-sum"),
         (LossAggregation::SeqMeanTokenSum, "seq-mean-token-sum"),
         (LossAggregation::SeqMeanTokenMean, "seq-mean-token-mean"),
-        (LossAggregation::SeqMeanTokenSumNorm, "seq-mean-token-sum-norm"),
+        (
+            LossAggregation::SeqMeanTokenSumNorm,
+            "seq-mean-token-sum-norm",
+        ),
     ];
 
     /// The mode's name (`token-mean`, ...).
     pub fn name(self) -> &'static str {
-        Self::ALL.iter().find(|(m, _)| *m == self).map(|(_, n)| *n).unwrap_or("?")
+        Self::ALL
+            .iter()
+            .find(|(m, _)| *m == self)
+            .map(|(_, n)| *n)
+            .unwrap_or("?")
     }
 }
 
@@ -51,9 +58,11 @@ impl FromStr for LossAggregation {
     type Err = AlgoError;
     fn from_str(s: &str) -> Result<Self> {
         let key = s.trim().replace('_', "-");
-        Self::ALL.iter().find(|(_, n)| *n == key).map(|(m, _)| *m).ok_or_else(|| {
-            AlgoError::unknown("loss aggregation", s, &Self::ALL.map(|(_, n)| n))
-        })
+        Self::ALL
+            .iter()
+            .find(|(_, n)| *n == key)
+            .map(|(m, _)| *m)
+            .ok_or_else(|| AlgoError::unknown("loss aggregation", s, &Self::ALL.map(|(_, n)| n)))
     }
 }
 
@@ -85,7 +94,12 @@ impl Default for GlobalBatchInfo {
 impl GlobalBatchInfo {
     /// The local batch is the whole batch (one rank, no accumulation).
     pub fn local() -> Self {
-        Self { dp_size: 1, batch_num_tokens: None, global_batch_size: None, loss_scale_factor: None }
+        Self {
+            dp_size: 1,
+            batch_num_tokens: None,
+            global_batch_size: None,
+            loss_scale_factor: None,
+        }
     }
 
     /// Normalisers taken from the mask of the whole batch, before it is split into micro-batches
@@ -105,7 +119,9 @@ impl GlobalBatchInfo {
         let [b, t] = mask.dims();
         let m = to_host(mask)?;
         let tokens: f64 = m.iter().filter(|v| **v > 0.5).count() as f64;
-        let seqs = (0..b).filter(|i| m[i * t..(i + 1) * t].iter().any(|v| *v > 0.5)).count();
+        let seqs = (0..b)
+            .filter(|i| m[i * t..(i + 1) * t].iter().any(|v| *v > 0.5))
+            .count();
         Ok(Self {
             dp_size,
             batch_num_tokens: Some(tokens),
@@ -129,7 +145,12 @@ pub fn aggregate_loss(
     global: &GlobalBatchInfo,
 ) -> Result<Tensor<1>> {
     let [_, t] = mask.dims();
-    check_shape("loss_mat", &loss_mat, mask.dims(), "the [batch, T] shape of the mask")?;
+    check_shape(
+        "loss_mat",
+        &loss_mat,
+        mask.dims(),
+        "the [batch, T] shape of the mask",
+    )?;
     let dp = global.dp_size.max(1) as f64;
     let loss = match mode {
         LossAggregation::TokenMean => {
@@ -143,7 +164,11 @@ pub fn aggregate_loss(
         LossAggregation::SeqMeanTokenSum => seq_mean(masked_row_sum(loss_mat, mask), mask, global),
         LossAggregation::SeqMeanTokenMean => {
             let n = mask.clone().sum_dim(1).squeeze_dim::<1>(1);
-            seq_mean(masked_row_sum(loss_mat, mask) / (n + COUNT_EPS), mask, global)
+            seq_mean(
+                masked_row_sum(loss_mat, mask) / (n + COUNT_EPS),
+                mask,
+                global,
+            )
         }
         LossAggregation::SeqMeanTokenSumNorm => {
             let norm = global.loss_scale_factor.unwrap_or(t as f64);
@@ -155,7 +180,13 @@ pub fn aggregate_loss(
 
 /// `Σ_i [n_i > 0]·x_i / (global_batch_size or S)`.
 fn seq_mean(per_seq: Tensor<1>, mask: &Tensor<2>, global: &GlobalBatchInfo) -> Tensor<1> {
-    let nonempty = mask.clone().sum_dim(1).squeeze_dim::<1>(1).greater_elem(0.5).float().cast(mask.dtype());
+    let nonempty = mask
+        .clone()
+        .sum_dim(1)
+        .squeeze_dim::<1>(1)
+        .greater_elem(0.5)
+        .float()
+        .cast(mask.dtype());
     let total = (per_seq * nonempty.clone()).sum();
     match global.global_batch_size {
         Some(s) => div_scalar(total, s.max(1.0)),
@@ -179,8 +210,14 @@ mod tests {
             assert_eq!(n.parse::<LossAggregation>().unwrap(), m);
             assert_eq!(m.to_string(), n);
         }
-        let err = "seq-mean".parse::<LossAggregation>().unwrap_err().to_string();
-        assert!(err.contains("token-mean") && err.contains("seq-mean"), "{err}");
+        let err = "seq-mean"
+            .parse::<LossAggregation>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("token-mean") && err.contains("seq-mean"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -189,16 +226,28 @@ mod tests {
         let l = t2(vec![1.0; 4], 2, 2, &dev);
         let m = t2(vec![0.0; 4], 2, 2, &dev);
         for (mode, _) in LossAggregation::ALL {
-            let v = to_host(&aggregate_loss(l.clone(), &m, mode, &GlobalBatchInfo::local()).unwrap())
-                .unwrap()[0];
+            let v =
+                to_host(&aggregate_loss(l.clone(), &m, mode, &GlobalBatchInfo::local()).unwrap())
+                    .unwrap()[0];
             assert_eq!(v, 0.0, "{mode}");
         }
     }
 
     /// Gradient of the aggregated loss of `x` (leaf) for the given mask rows.
-    fn grad_of(x: &[f64], mask: &[f64], rows: &[usize], t: usize, mode: LossAggregation, g: &GlobalBatchInfo) -> Vec<f64> {
+    fn grad_of(
+        x: &[f64],
+        mask: &[f64],
+        rows: &[usize],
+        t: usize,
+        mode: LossAggregation,
+        g: &GlobalBatchInfo,
+    ) -> Vec<f64> {
         let dev = Device::flex().autodiff();
-        let pick = |v: &[f64]| rows.iter().flat_map(|&r| v[r * t..(r + 1) * t].to_vec()).collect::<Vec<_>>();
+        let pick = |v: &[f64]| {
+            rows.iter()
+                .flat_map(|&r| v[r * t..(r + 1) * t].to_vec())
+                .collect::<Vec<_>>()
+        };
         let leaf = t2(pick(x), rows.len(), t, &dev).require_grad();
         let m = t2(pick(mask), rows.len(), t, &dev);
         // A non-linear per-token loss, so the test is not only about sums of constants.

@@ -3,7 +3,7 @@
 
 use crate::ratio::positions;
 use crate::{AlgoError, Result};
-use burn::tensor::Tensor;
+use burn::tensor::{Bool, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// The trust region `ρ ∈ [1 − low, 1 + high]` of PPO-style clipping, plus the optional dual
@@ -21,12 +21,20 @@ pub struct ClipRange {
 impl ClipRange {
     /// `[1 − ε, 1 + ε]`, no dual clip.
     pub fn symmetric(eps: f64) -> Self {
-        Self { low: eps, high: eps, dual: None }
+        Self {
+            low: eps,
+            high: eps,
+            dual: None,
+        }
     }
 
     /// Decoupled bounds `[1 − low, 1 + high]`, no dual clip.
     pub fn decoupled(low: f64, high: f64) -> Self {
-        Self { low, high, dual: None }
+        Self {
+            low,
+            high,
+            dual: None,
+        }
     }
 
     /// Adds the dual clip `c`.
@@ -60,7 +68,7 @@ impl ClipRange {
             });
         }
         if let Some(c) = self.dual
-            && !(c > 1.0 && !c.is_nan())
+            && (c <= 1.0 || c.is_nan())
         {
             return Err(AlgoError::InvalidSetting {
                 name: "dual_clip",
@@ -89,7 +97,12 @@ pub struct CtpoBounds {
 
 impl Default for CtpoBounds {
     fn default() -> Self {
-        Self { c_low: 0.025, c_high: 0.05, c_dual: 0.05, power: 0.5 }
+        Self {
+            c_low: 0.025,
+            c_high: 0.05,
+            c_dual: 0.05,
+            power: 0.5,
+        }
     }
 }
 
@@ -130,54 +143,56 @@ impl CtpoBounds {
     }
 }
 
-/// Ratio bounds resolved for one batch: scalars, or per-position rows.
+/// Ratio bounds resolved for one batch, as rows broadcast over `[batch, T]`: `[1, 1]` for a
+/// fixed clip range, `[1, T]` for CTPO's position-adaptive bounds.
 #[derive(Debug, Clone)]
-pub(crate) enum Bounds {
-    Scalar { lo: f64, hi: f64, dual: Option<f64> },
-    PerPosition { lo: Tensor<2>, hi: Tensor<2>, dual: Tensor<2> },
+pub(crate) struct Bounds {
+    lo: Tensor<2>,
+    hi: Tensor<2>,
+    dual: Option<Tensor<2>>,
 }
 
 impl Bounds {
-    pub(crate) fn from_range(r: &ClipRange) -> Self {
-        Bounds::Scalar { lo: 1.0 - r.low, hi: 1.0 + r.high, dual: r.dual }
+    /// Fixed bounds `[1 − low, 1 + high]` (and `c`) in the dtype and on the device of `like`.
+    pub(crate) fn from_range(r: &ClipRange, like: &Tensor<2>) -> Self {
+        let scalar = |v: f64| crate::masked::from_host(vec![v], [1, 1], like);
+        Bounds {
+            lo: scalar(1.0 - r.low),
+            hi: scalar(1.0 + r.high),
+            dual: r.dual.map(scalar),
+        }
+    }
+
+    /// CTPO's bounds at every position of `like`.
+    pub(crate) fn position_adaptive(b: &CtpoBounds, like: &Tensor<2>) -> Self {
+        let (lo, hi, dual) = b.ratio_bounds(like);
+        Bounds {
+            lo,
+            hi,
+            dual: Some(dual),
+        }
     }
 
     /// `clip(ρ, lo, hi)` (gradient passes inside the band).
     pub(crate) fn clip(&self, ratio: Tensor<2>) -> Tensor<2> {
-        match self {
-            Bounds::Scalar { lo, hi, .. } => ratio.clamp(*lo, *hi),
-            Bounds::PerPosition { lo, hi, .. } => {
-                let dims = ratio.dims();
-                ratio.max_pair(lo.clone().expand(dims)).min_pair(hi.clone().expand(dims))
-            }
-        }
+        let dims = ratio.dims();
+        ratio
+            .max_pair(self.lo.clone().expand(dims))
+            .min_pair(self.hi.clone().expand(dims))
     }
 
     /// `ρ < lo` and `ρ > hi` masks.
-    pub(crate) fn outside(
-        &self,
-        ratio: &Tensor<2>,
-    ) -> (Tensor<2, burn::tensor::Bool>, Tensor<2, burn::tensor::Bool>) {
-        match self {
-            Bounds::Scalar { lo, hi, .. } => {
-                (ratio.clone().lower_elem(*lo), ratio.clone().greater_elem(*hi))
-            }
-            Bounds::PerPosition { lo, hi, .. } => {
-                let dims = ratio.dims();
-                (
-                    ratio.clone().lower(lo.clone().expand(dims)),
-                    ratio.clone().greater(hi.clone().expand(dims)),
-                )
-            }
-        }
+    pub(crate) fn outside(&self, ratio: &Tensor<2>) -> (Tensor<2, Bool>, Tensor<2, Bool>) {
+        let dims = ratio.dims();
+        (
+            ratio.clone().lower(self.lo.clone().expand(dims)),
+            ratio.clone().greater(self.hi.clone().expand(dims)),
+        )
     }
 
-    /// The dual-clip constant `c` as a tensor broadcastable to `[batch, T]`, if dual clip is on.
+    /// The dual-clip constant `c` broadcast to the shape of `like`, if dual clip is on.
     pub(crate) fn dual(&self, like: &Tensor<2>) -> Option<Tensor<2>> {
-        match self {
-            Bounds::Scalar { dual, .. } => dual.map(|c| like.clone().ones_like() * c),
-            Bounds::PerPosition { dual, .. } => Some(dual.clone().expand(like.dims())),
-        }
+        self.dual.clone().map(|c| c.expand(like.dims()))
     }
 }
 
@@ -192,9 +207,22 @@ mod tests {
         assert!(ClipRange::symmetric(-0.1).validate(false).is_err());
         assert!(ClipRange::decoupled(0.2, 0.1).validate(true).is_err());
         assert!(ClipRange::decoupled(0.2, 0.1).validate(false).is_ok());
-        assert!(ClipRange::symmetric(0.2).with_dual(Some(1.0)).validate(false).is_err());
-        assert!(ClipRange::symmetric(0.2).with_dual(Some(3.0)).validate(false).is_ok());
-        let bad = CtpoBounds { c_low: f64::NAN, ..Default::default() };
+        assert!(
+            ClipRange::symmetric(0.2)
+                .with_dual(Some(1.0))
+                .validate(false)
+                .is_err()
+        );
+        assert!(
+            ClipRange::symmetric(0.2)
+                .with_dual(Some(3.0))
+                .validate(false)
+                .is_ok()
+        );
+        let bad = CtpoBounds {
+            c_low: f64::NAN,
+            ..Default::default()
+        };
         assert!(bad.validate().is_err());
     }
 
@@ -203,13 +231,13 @@ mod tests {
     #[test]
     fn ctpo_bounds_keep_the_product_finite() {
         let like = Tensor::<2>::zeros([1, 100], &Device::flex());
-        let (lo, hi, dual) = CtpoBounds::default().ratio_bounds(&like);
+        let (lo, hi, _) = CtpoBounds::default().ratio_bounds(&like);
         let hi = to_host(&hi).unwrap();
         let lo = to_host(&lo).unwrap();
         assert!((hi[99] - 0.5f64.exp()).abs() < 1e-5 && (lo[99] - (-0.25f64).exp()).abs() < 1e-5);
         assert!((hi[0] - 0.05f64.exp()).abs() < 1e-6);
         let cum = Tensor::<2>::full([1, 100], 1.05f64.powi(100), &Device::flex());
-        let b = Bounds::PerPosition { lo: Tensor::from_data(burn::tensor::TensorData::new(lo, [1, 100]), &Device::flex()), hi: Tensor::from_data(burn::tensor::TensorData::new(hi, [1, 100]), &Device::flex()), dual };
+        let b = Bounds::position_adaptive(&CtpoBounds::default(), &like);
         let clipped = to_host(&b.clip(cum)).unwrap();
         assert!((clipped[99] - 0.5f64.exp()).abs() < 1e-4, "{}", clipped[99]);
     }

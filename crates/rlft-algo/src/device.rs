@@ -188,13 +188,19 @@ mod tests {
             return;
         }
         let err = parse("cuda:1").unwrap_err().to_string();
-        assert_eq!(err, "backend 'cuda' is not compiled in; rebuild with --features cuda");
+        assert_eq!(
+            err,
+            "backend 'cuda' is not compiled in; rebuild with --features cuda"
+        );
     }
 
     #[test]
     fn unknown_and_bad_index_are_errors() {
         let err = parse("tpu").unwrap_err().to_string();
-        assert!(err.contains("unknown device 'tpu'") && err.contains("flex"), "{err}");
+        assert!(
+            err.contains("unknown device 'tpu'") && err.contains("flex"),
+            "{err}"
+        );
         let err = parse("cuda:x").unwrap_err().to_string();
         assert!(err.contains("device index"), "{err}");
         assert!(parse("flex:0").is_err());

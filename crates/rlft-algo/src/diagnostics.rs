@@ -55,7 +55,12 @@ pub fn cumulative_ratio_spread(
                 .collect();
             vals.sort_by(|x, y| x.total_cmp(y));
             let q = quantiles.iter().map(|&q| (q, quantile(&vals, q))).collect();
-            PositionBucket { start, end, count: vals.len(), quantiles: q }
+            PositionBucket {
+                start,
+                end,
+                count: vals.len(),
+                quantiles: q,
+            }
         })
         .collect())
 }
@@ -79,7 +84,9 @@ mod tests {
     fn spread_grows_with_position() {
         // Rows drift by ±0.1 per token: the cumulative log ratio fans out linearly.
         let (b, t) = (4, 40);
-        let lp: Vec<f64> = (0..b * t).map(|k| if (k / t) % 2 == 0 { 0.1 } else { -0.1 }).collect();
+        let lp: Vec<f64> = (0..b * t)
+            .map(|k| if (k / t) % 2 == 0 { 0.1 } else { -0.1 })
+            .collect();
         let dev = Device::flex();
         let lp = Tensor::<2>::from_data(TensorData::new(lp, [b, t]), (&dev, DType::F64));
         let old = lp.zeros_like();

@@ -31,7 +31,12 @@ pub fn entropy_bonus(
     global: &GlobalBatchInfo,
     alpha: f64,
 ) -> Result<Tensor<1>> {
-    check_shape("entropy", &entropy, mask.dims(), "the [batch, T] shape of the mask")?;
+    check_shape(
+        "entropy",
+        &entropy,
+        mask.dims(),
+        "the [batch, T] shape of the mask",
+    )?;
     Ok(aggregate_loss(entropy, mask, mode, global)? * (-alpha))
 }
 

@@ -4,7 +4,9 @@ use std::fmt;
 #[derive(Debug, thiserror::Error)]
 pub enum AlgoError {
     /// Two tensors that must agree in shape do not.
-    #[error("shape mismatch: `{name}` has shape {got:?} but {expected}; pass tensors of the same [batch, T] shape")]
+    #[error(
+        "shape mismatch: `{name}` has shape {got:?} but {expected}; pass tensors of the same [batch, T] shape"
+    )]
     ShapeMismatch {
         /// The argument whose shape is wrong.
         name: &'static str,
@@ -44,7 +46,9 @@ pub enum AlgoError {
         hint: &'static str,
     },
     /// Group indices that do not fit the batch.
-    #[error("group index has {got} entries but the batch has {batch} rows; give one group id per row")]
+    #[error(
+        "group index has {got} entries but the batch has {batch} rows; give one group id per row"
+    )]
     GroupIndex {
         /// Number of group ids given.
         got: usize,

@@ -45,7 +45,11 @@ impl KlEstimator {
     ];
 
     fn name(self) -> &'static str {
-        Self::NAMES.iter().find(|(_, e)| *e == self).map(|(n, _)| *n).unwrap_or("?")
+        Self::NAMES
+            .iter()
+            .find(|(_, e)| *e == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
     }
 }
 
@@ -59,14 +63,19 @@ impl FromStr for KlEstimator {
     type Err = AlgoError;
     fn from_str(s: &str) -> Result<Self> {
         let key = s.trim().to_ascii_lowercase();
-        let key = key.strip_suffix("_plus").map(|k| format!("{k}+")).unwrap_or(key);
+        let key = key
+            .strip_suffix("_plus")
+            .map(|k| format!("{k}+"))
+            .unwrap_or(key);
         // k2 already has k2's gradient, so "k2+"/"mse+" are plain k2 (as in verl).
         if key == "k2+" || key == "mse+" {
             return Ok(KlEstimator::K2);
         }
-        Self::NAMES.iter().find(|(n, _)| *n == key).map(|(_, e)| *e).ok_or_else(|| {
-            AlgoError::unknown("KL estimator", s, &Self::NAMES.map(|(n, _)| n))
-        })
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == key)
+            .map(|(_, e)| *e)
+            .ok_or_else(|| AlgoError::unknown("KL estimator", s, &Self::NAMES.map(|(n, _)| n)))
     }
 }
 
@@ -149,12 +158,24 @@ pub struct AdaptiveKlController {
 impl AdaptiveKlController {
     /// A controller starting at `init` (all three must be > 0).
     pub fn new(init: f64, target: f64, horizon: f64) -> Result<Self> {
-        for (name, v) in [("kl_ctrl.init", init), ("kl_ctrl.target", target), ("kl_ctrl.horizon", horizon)] {
+        for (name, v) in [
+            ("kl_ctrl.init", init),
+            ("kl_ctrl.target", target),
+            ("kl_ctrl.horizon", horizon),
+        ] {
             if !(v.is_finite() && v > 0.0) {
-                return Err(AlgoError::InvalidSetting { name, value: v, allowed: "must be finite and > 0" });
+                return Err(AlgoError::InvalidSetting {
+                    name,
+                    value: v,
+                    allowed: "must be finite and > 0",
+                });
             }
         }
-        Ok(Self { value: init, target, horizon })
+        Ok(Self {
+            value: init,
+            target,
+            horizon,
+        })
     }
 
     /// Updates β from the KL measured on a batch of `n_steps` samples; returns the new β.
@@ -171,12 +192,21 @@ mod tests {
 
     #[test]
     fn names_parse_and_unknown_lists_known() {
-        assert_eq!("low_var_kl".parse::<KlEstimator>().unwrap(), KlEstimator::K3);
+        assert_eq!(
+            "low_var_kl".parse::<KlEstimator>().unwrap(),
+            KlEstimator::K3
+        );
         assert_eq!("k3+".parse::<KlEstimator>().unwrap(), KlEstimator::K3Plus);
-        assert_eq!("low_var_kl_plus".parse::<KlEstimator>().unwrap(), KlEstimator::K3Plus);
+        assert_eq!(
+            "low_var_kl_plus".parse::<KlEstimator>().unwrap(),
+            KlEstimator::K3Plus
+        );
         assert_eq!("mse".parse::<KlEstimator>().unwrap(), KlEstimator::K2);
         let err = "full".parse::<KlEstimator>().unwrap_err().to_string();
-        assert!(err.contains("unknown KL estimator 'full'") && err.contains("low_var_kl"), "{err}");
+        assert!(
+            err.contains("unknown KL estimator 'full'") && err.contains("low_var_kl"),
+            "{err}"
+        );
     }
 
     #[test]

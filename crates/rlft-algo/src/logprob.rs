@@ -36,12 +36,17 @@ pub fn logprobs_from_logits(
 }
 
 /// Divides logits by the temperature (an error unless it is finite and > 0).
-pub(crate) fn scale_by_temperature(logits: Tensor<3>, temperature: Option<f64>) -> Result<Tensor<3>> {
+pub(crate) fn scale_by_temperature(
+    logits: Tensor<3>,
+    temperature: Option<f64>,
+) -> Result<Tensor<3>> {
     match temperature {
         None => Ok(logits),
-        Some(t) if t.is_finite() && t > 0.0 => {
-            Ok(if t == 1.0 { logits } else { crate::masked::div_scalar(logits, t) })
-        }
+        Some(t) if t.is_finite() && t > 0.0 => Ok(if t == 1.0 {
+            logits
+        } else {
+            crate::masked::div_scalar(logits, t)
+        }),
         Some(t) => Err(AlgoError::InvalidSetting {
             name: "temperature",
             value: t,
@@ -66,7 +71,8 @@ mod tests {
         let dev = Device::flex();
         let logits = Tensor::<3>::from_floats([[[1.0, 2.0, 3.0], [0.5, 0.5, 4.0]]], &dev);
         let labels = Tensor::<2, Int>::from_data(TensorData::from([[2i64, 0]]), &dev);
-        let lp = to_host(&logprobs_from_logits(logits.clone(), labels.clone(), None).unwrap()).unwrap();
+        let lp =
+            to_host(&logprobs_from_logits(logits.clone(), labels.clone(), None).unwrap()).unwrap();
         let naive = |z: [f64; 3], k: usize| z[k] - z.iter().map(|x| x.exp()).sum::<f64>().ln();
         assert!((lp[0] - naive([1.0, 2.0, 3.0], 2)).abs() < 1e-6);
         assert!((lp[1] - naive([0.5, 0.5, 4.0], 0)).abs() < 1e-6);

@@ -76,7 +76,11 @@ pub fn masked_whiten(x: Tensor<2>, mask: &Tensor<2>, shift_mean: bool) -> Tensor
     let var = var * n.clone() / (n - 1.0);
     let scale = (var + 1e-8).sqrt().recip().unsqueeze::<2>();
     let whitened = centered * scale;
-    if shift_mean { whitened } else { whitened + mean }
+    if shift_mean {
+        whitened
+    } else {
+        whitened + mean
+    }
 }
 
 /// `t / v` for a scalar `v`, differentiable at full precision.
@@ -101,7 +105,10 @@ pub fn from_host<const D: usize, const E: usize>(
     dims: [usize; D],
     like: &Tensor<E>,
 ) -> Tensor<D> {
-    Tensor::from_data(TensorData::new(values, dims), (&like.device(), like.dtype()))
+    Tensor::from_data(
+        TensorData::new(values, dims),
+        (&like.device(), like.dtype()),
+    )
 }
 
 #[cfg(test)]
@@ -110,7 +117,10 @@ mod tests {
     use burn::tensor::{DType, Device};
 
     fn t2(v: &[f64], dims: [usize; 2]) -> Tensor<2> {
-        Tensor::from_data(TensorData::new(v.to_vec(), dims), (&Device::flex(), DType::F64))
+        Tensor::from_data(
+            TensorData::new(v.to_vec(), dims),
+            (&Device::flex(), DType::F64),
+        )
     }
 
     #[test]
@@ -130,6 +140,9 @@ mod tests {
         let mean = v.iter().sum::<f64>() / 4.0;
         let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 3.0;
         // verl divides masked means by n + 1e-8, so the mean is 0 to ~1e-8.
-        assert!(mean.abs() < 1e-7 && (var - 1.0).abs() < 1e-6, "{mean} {var}");
+        assert!(
+            mean.abs() < 1e-7 && (var - 1.0).abs() < 1e-6,
+            "{mean} {var}"
+        );
     }
 }

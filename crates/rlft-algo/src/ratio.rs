@@ -38,7 +38,11 @@ impl RatioLevel {
 
 impl fmt::Display for RatioLevel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = Self::ALL.iter().find(|(l, _)| l == self).map(|(_, n)| *n).unwrap_or("?");
+        let name = Self::ALL
+            .iter()
+            .find(|(l, _)| l == self)
+            .map(|(_, n)| *n)
+            .unwrap_or("?");
         f.write_str(name)
     }
 }
@@ -47,9 +51,11 @@ impl FromStr for RatioLevel {
     type Err = AlgoError;
     fn from_str(s: &str) -> Result<Self> {
         let key = s.trim().to_ascii_lowercase();
-        Self::ALL.iter().find(|(_, n)| *n == key).map(|(l, _)| *l).ok_or_else(|| {
-            AlgoError::unknown("ratio level", s, &Self::ALL.map(|(_, n)| n))
-        })
+        Self::ALL
+            .iter()
+            .find(|(_, n)| *n == key)
+            .map(|(l, _)| *l)
+            .ok_or_else(|| AlgoError::unknown("ratio level", s, &Self::ALL.map(|(_, n)| n)))
     }
 }
 
@@ -57,7 +63,11 @@ impl FromStr for RatioLevel {
 ///
 /// # Shapes
 /// - all inputs `[batch, T]` → `[batch, T]`
-pub fn token_log_ratio(log_prob: Tensor<2>, old_log_prob: Tensor<2>, mask: &Tensor<2>) -> Tensor<2> {
+pub fn token_log_ratio(
+    log_prob: Tensor<2>,
+    old_log_prob: Tensor<2>,
+    mask: &Tensor<2>,
+) -> Tensor<2> {
     zero_padding(log_prob - old_log_prob, mask)
 }
 
@@ -124,8 +134,12 @@ pub fn truncated_is_weights(
             allowed: "must be finite and >= 1 (typical: 2.0)",
         });
     }
-    let d = token_log_ratio(old_log_prob, behaviour_log_prob, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
-    Ok(d.exp().clamp_max(cap).mask_fill(valid(mask).bool_not(), 1.0).detach())
+    let d = token_log_ratio(old_log_prob, behaviour_log_prob, mask)
+        .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
+    Ok(d.exp()
+        .clamp_max(cap)
+        .mask_fill(valid(mask).bool_not(), 1.0)
+        .detach())
 }
 
 #[cfg(test)]
@@ -145,7 +159,10 @@ mod tests {
         let mu = t2(vec![0.40f64.ln(), 0.40f64.ln()], 1, 2);
         let m = t2(vec![1.0, 1.0], 1, 2);
         let r = to_host(&log_ratio(lp, mu, &m, RatioLevel::Token, false).exp()).unwrap();
-        assert!((r[0] - 1.75).abs() < 1e-12 && (r[1] - 0.50).abs() < 1e-12, "{r:?}");
+        assert!(
+            (r[0] - 1.75).abs() < 1e-12 && (r[1] - 0.50).abs() < 1e-12,
+            "{r:?}"
+        );
     }
 
     /// Structural blindness: the next step has token ratio exactly 1, but the history that led
@@ -155,7 +172,8 @@ mod tests {
         let lp = t2(vec![0.10f64.ln(), 0.5f64.ln()], 1, 2);
         let mu = t2(vec![0.40f64.ln(), 0.5f64.ln()], 1, 2);
         let m = t2(vec![1.0, 1.0], 1, 2);
-        let tok = to_host(&log_ratio(lp.clone(), mu.clone(), &m, RatioLevel::Token, false).exp()).unwrap();
+        let tok = to_host(&log_ratio(lp.clone(), mu.clone(), &m, RatioLevel::Token, false).exp())
+            .unwrap();
         let cum = to_host(&log_ratio(lp, mu, &m, RatioLevel::Cumulative, false).exp()).unwrap();
         assert_eq!(tok[1], 1.0);
         assert!((cum[1] - 0.25).abs() < 1e-12, "{cum:?}");
@@ -167,7 +185,9 @@ mod tests {
         let lp = t2(vec![1.05f64.ln(); 100], 1, 100);
         let mu = t2(vec![0.0; 100], 1, 100);
         let m = t2(vec![1.0; 100], 1, 100);
-        let cum = to_host(&log_ratio(lp.clone(), mu.clone(), &m, RatioLevel::Cumulative, false).exp()).unwrap();
+        let cum =
+            to_host(&log_ratio(lp.clone(), mu.clone(), &m, RatioLevel::Cumulative, false).exp())
+                .unwrap();
         assert!((cum[99] - 131.5).abs() < 0.05, "{}", cum[99]);
         let geo = to_host(&log_ratio(lp, mu, &m, RatioLevel::Cumulative, true).exp()).unwrap();
         assert!((geo[99] - 1.05).abs() < 1e-12);

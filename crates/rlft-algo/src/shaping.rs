@@ -35,7 +35,11 @@ impl OverlongPenalty {
                 allowed: "must be finite and >= 0",
             });
         }
-        Ok(Self { max_len, cache_len, factor })
+        Ok(Self {
+            max_len,
+            cache_len,
+            factor,
+        })
     }
 
     /// The reward added to a response of `len` tokens (≤ 0).
@@ -58,9 +62,15 @@ impl OverlongPenalty {
 pub fn overlong_filter(mask: Tensor<2>, truncated: &[bool]) -> Result<Tensor<2>> {
     let [b, _] = mask.dims();
     if truncated.len() != b {
-        return Err(AlgoError::GroupIndex { got: truncated.len(), batch: b });
+        return Err(AlgoError::GroupIndex {
+            got: truncated.len(),
+            batch: b,
+        });
     }
-    let keep: Vec<f64> = truncated.iter().map(|t| if *t { 0.0 } else { 1.0 }).collect();
+    let keep: Vec<f64> = truncated
+        .iter()
+        .map(|t| if *t { 0.0 } else { 1.0 })
+        .collect();
     let keep = crate::masked::from_host::<2, 2>(keep, [b, 1], &mask);
     Ok(zero_padding(mask.clone() * keep, &mask))
 }
@@ -92,7 +102,11 @@ impl GroupFilter {
         }
         match *self {
             GroupFilter::ZeroSpread => {
-                let (min, max) = r.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(*x), b.max(*x)));
+                let (min, max) = r
+                    .iter()
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+                        (a.min(*x), b.max(*x))
+                    });
                 max - min > 1e-12
             }
             GroupFilter::AccuracyRange { lo, hi, threshold } => {
@@ -128,8 +142,15 @@ mod tests {
     fn filters() {
         assert!(!GroupFilter::ZeroSpread.keep(&[1.0, 1.0, 1.0]));
         assert!(GroupFilter::ZeroSpread.keep(&[1.0, 0.0]));
-        let acc = GroupFilter::AccuracyRange { lo: 0.1, hi: 0.9, threshold: 0.5 };
-        assert_eq!(acc.keep_groups(&[vec![1.0, 1.0], vec![1.0, 0.0], vec![f64::NAN]]), vec![false, true, false]);
+        let acc = GroupFilter::AccuracyRange {
+            lo: 0.1,
+            hi: 0.9,
+            threshold: 0.5,
+        };
+        assert_eq!(
+            acc.keep_groups(&[vec![1.0, 1.0], vec![1.0, 0.0], vec![f64::NAN]]),
+            vec![false, true, false]
+        );
         let m = Tensor::<2>::ones([2, 3], &Device::flex());
         let f = to_host(&overlong_filter(m, &[false, true]).unwrap()).unwrap();
         assert_eq!(f, vec![1.0, 1.0, 1.0, 0.0, 0.0, 0.0]);

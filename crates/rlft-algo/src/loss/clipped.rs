@@ -30,7 +30,11 @@ impl PolicyLoss for ClippedSurrogate {
         let mut terms = LossTerms::per_token(loss.clone());
         terms.clip_frac_high = Some(ctx.fraction(clip_active.clone().bool_and(a_pos)));
         terms.clip_frac_low = Some(ctx.fraction(clip_active.bool_and(a_neg.clone())));
-        let dual = if self.no_dual_clip { None } else { bounds.dual(&ratio) };
+        let dual = if self.no_dual_clip {
+            None
+        } else {
+            bounds.dual(&ratio)
+        };
         if let Some(c) = dual {
             let capped = neg_adv * c;
             let dual_active = loss.clone().greater(capped.clone()).bool_and(a_neg);

@@ -11,6 +11,8 @@ impl PolicyLoss for Dro {
     fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms> {
         let d = ctx.token_log_ratio();
         let pg = ctx.input.advantages.clone() * ctx.input.log_prob.clone();
-        Ok(LossTerms::per_token((pg - d.square() * (0.5 * ctx.config.dro_beta)).neg()))
+        Ok(LossTerms::per_token(
+            (pg - d.square() * (0.5 * ctx.config.dro_beta)).neg(),
+        ))
     }
 }

@@ -9,6 +9,8 @@ pub struct Gpg;
 
 impl PolicyLoss for Gpg {
     fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms> {
-        Ok(LossTerms::per_token((ctx.input.advantages.clone() * ctx.input.log_prob.clone()).neg()))
+        Ok(LossTerms::per_token(
+            (ctx.input.advantages.clone() * ctx.input.log_prob.clone()).neg(),
+        ))
     }
 }

@@ -95,12 +95,23 @@ impl PolicyLossConfig {
         ];
         for (name, v) in positive {
             if !(v.is_finite() && v > 0.0) {
-                return Err(AlgoError::InvalidSetting { name, value: v, allowed: "must be finite and > 0" });
+                return Err(AlgoError::InvalidSetting {
+                    name,
+                    value: v,
+                    allowed: "must be finite and > 0",
+                });
             }
         }
-        for (name, v) in [("kl_coef", self.kl_coef), ("entropy_coef", self.entropy_coef)] {
+        for (name, v) in [
+            ("kl_coef", self.kl_coef),
+            ("entropy_coef", self.entropy_coef),
+        ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(AlgoError::InvalidSetting { name, value: v, allowed: "must be finite and >= 0 (0 switches the term off)" });
+                return Err(AlgoError::InvalidSetting {
+                    name,
+                    value: v,
+                    allowed: "must be finite and >= 0 (0 switches the term off)",
+                });
             }
         }
         Ok(())
@@ -130,7 +141,12 @@ pub struct PolicyLossInput {
 
 impl PolicyLossInput {
     /// The four required tensors; shapes are checked when the loss runs.
-    pub fn new(log_prob: Tensor<2>, old_log_prob: Tensor<2>, advantages: Tensor<2>, response_mask: Tensor<2>) -> Self {
+    pub fn new(
+        log_prob: Tensor<2>,
+        old_log_prob: Tensor<2>,
+        advantages: Tensor<2>,
+        response_mask: Tensor<2>,
+    ) -> Self {
         Self {
             log_prob,
             old_log_prob,
@@ -203,12 +219,21 @@ pub struct LossTerms {
 impl LossTerms {
     /// Per-token losses, aggregated with the configured mode.
     pub fn per_token(loss: Tensor<2>) -> Self {
-        Self::from_value(LossValue::PerToken { loss, aggregation: None })
+        Self::from_value(LossValue::PerToken {
+            loss,
+            aggregation: None,
+        })
     }
 
     /// Any value, no clip statistics.
     pub fn from_value(value: LossValue) -> Self {
-        Self { value, clip_frac_low: None, clip_frac_high: None, clip_frac_dual: None, ratio: None }
+        Self {
+            value,
+            clip_frac_low: None,
+            clip_frac_high: None,
+            clip_frac_dual: None,
+            ratio: None,
+        }
     }
 }
 
@@ -238,7 +263,11 @@ pub struct LossContext<'a> {
 impl LossContext<'_> {
     /// `log πθ − log μ` per token, unclamped, 0 at unmasked positions.
     pub fn token_log_ratio(&self) -> Tensor<2> {
-        token_log_ratio(self.input.log_prob.clone(), self.input.old_log_prob.clone(), &self.input.response_mask)
+        token_log_ratio(
+            self.input.log_prob.clone(),
+            self.input.old_log_prob.clone(),
+            &self.input.response_mask,
+        )
     }
 
     /// The importance ratio at the configured level (see [`crate::ratio::log_ratio`]).
@@ -255,7 +284,11 @@ impl LossContext<'_> {
 
     /// Masked mean of a condition (a fraction of masked tokens), verl's `masked_mean` semantics.
     pub fn fraction(&self, cond: Tensor<2, Bool>) -> Tensor<1> {
-        masked_mean(cond.float().cast(self.input.log_prob.dtype()), &self.input.response_mask).detach()
+        masked_mean(
+            cond.float().cast(self.input.log_prob.dtype()),
+            &self.input.response_mask,
+        )
+        .detach()
     }
 
     /// `A < 0`, `A > 0` masks.
@@ -266,10 +299,9 @@ impl LossContext<'_> {
 
     pub(crate) fn bounds(&self, position_adaptive: bool) -> Bounds {
         if position_adaptive {
-            let (lo, hi, dual) = self.config.ctpo.ratio_bounds(&self.input.log_prob);
-            Bounds::PerPosition { lo, hi, dual }
+            Bounds::position_adaptive(&self.config.ctpo, &self.input.log_prob)
         } else {
-            Bounds::from_range(&self.config.clip_range())
+            Bounds::from_range(&self.config.clip_range(), &self.input.log_prob)
         }
     }
 }
@@ -282,7 +314,11 @@ pub trait PolicyLoss: Send + Sync {
 
     /// Validates the inputs, computes [`terms`](PolicyLoss::terms), applies rollout IS weights,
     /// aggregates, and adds `β·KL(πθ‖π_ref)` and `−α·H`.
-    fn compute(&self, input: &PolicyLossInput, config: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    fn compute(
+        &self,
+        input: &PolicyLossInput,
+        config: &PolicyLossConfig,
+    ) -> Result<PolicyLossOutput> {
         input.validate()?;
         config.validate()?;
         let ctx = LossContext { input, config };
@@ -392,7 +428,12 @@ fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLossOutput> {
                 Some(w) => loss * w.clone(),
                 None => loss,
             };
-            aggregate_loss(loss, mask, aggregation.unwrap_or(cfg.aggregation), &input.global)?
+            aggregate_loss(
+                loss,
+                mask,
+                aggregation.unwrap_or(cfg.aggregation),
+                &input.global,
+            )?
         }
         LossValue::Reduced(loss) => loss,
     };
@@ -400,9 +441,16 @@ fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLossOutput> {
 
     let kl = match &input.ref_log_prob {
         Some(r) => {
-            let kl = kl_penalty(input.log_prob.clone(), r.clone(), cfg.kl_estimator, Some(mask))?;
+            let kl = kl_penalty(
+                input.log_prob.clone(),
+                r.clone(),
+                cfg.kl_estimator,
+                Some(mask),
+            )?;
             if cfg.kl_coef > 0.0 {
-                loss = loss + aggregate_loss(kl.clone(), mask, cfg.aggregation, &input.global)? * cfg.kl_coef;
+                loss = loss
+                    + aggregate_loss(kl.clone(), mask, cfg.aggregation, &input.global)?
+                        * cfg.kl_coef;
             }
             Some(masked_mean(kl, mask).detach())
         }
@@ -418,7 +466,14 @@ fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLossOutput> {
     let entropy = match &input.entropy {
         Some(h) => {
             if cfg.entropy_coef > 0.0 {
-                loss = loss + crate::entropy::entropy_bonus(h.clone(), mask, cfg.aggregation, &input.global, cfg.entropy_coef)?;
+                loss = loss
+                    + crate::entropy::entropy_bonus(
+                        h.clone(),
+                        mask,
+                        cfg.aggregation,
+                        &input.global,
+                        cfg.entropy_coef,
+                    )?;
             }
             Some(masked_mean(h.clone(), mask).detach())
         }
@@ -432,8 +487,14 @@ fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLossOutput> {
         None => None,
     };
 
-    let d = ctx.token_log_ratio().detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
-    let ratio = terms.ratio.map(|r| r.detach()).unwrap_or_else(|| d.clone().exp());
+    let d = ctx
+        .token_log_ratio()
+        .detach()
+        .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
+    let ratio = terms
+        .ratio
+        .map(|r| r.detach())
+        .unwrap_or_else(|| d.clone().exp());
     let pad = valid(mask).bool_not();
     let pg_loss = pg_loss.detach();
     let zero = || pg_loss.zeros_like();

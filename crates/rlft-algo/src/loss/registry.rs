@@ -74,14 +74,19 @@ impl Default for LossRegistry {
 
 impl std::fmt::Debug for LossRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LossRegistry").field("names", &self.names()).finish()
+        f.debug_struct("LossRegistry")
+            .field("names", &self.names())
+            .finish()
     }
 }
 
 impl LossRegistry {
     /// A registry with nothing in it.
     pub fn empty() -> Self {
-        Self { losses: BTreeMap::new(), presets: BTreeMap::new() }
+        Self {
+            losses: BTreeMap::new(),
+            presets: BTreeMap::new(),
+        }
     }
 
     /// The built-in losses (`ppo`, `gspo`, `cispo`, `ctpo`, `geo_mean`, `gpg`, `reinforce`,
@@ -90,8 +95,20 @@ impl LossRegistry {
         use LossAggregation::*;
         let mut r = Self::empty();
         r.register("ppo", ClippedSurrogate::default());
-        r.register("gspo", ClippedSurrogate { position_adaptive: false, no_dual_clip: true });
-        r.register("ctpo", ClippedSurrogate { position_adaptive: true, no_dual_clip: false });
+        r.register(
+            "gspo",
+            ClippedSurrogate {
+                position_adaptive: false,
+                no_dual_clip: true,
+            },
+        );
+        r.register(
+            "ctpo",
+            ClippedSurrogate {
+                position_adaptive: true,
+                no_dual_clip: false,
+            },
+        );
         r.register("cispo", Cispo);
         r.register("geo_mean", GeoMean);
         r.register("gpg", Gpg);
@@ -99,7 +116,10 @@ impl LossRegistry {
         r.register("dro", Dro);
         r.register("sapo", Sapo);
         let presets = [
-            Preset::new("ppo", "ppo").with_advantage(AdvantageEstimator::Gae { gamma: 1.0, lam: 0.95 }),
+            Preset::new("ppo", "ppo").with_advantage(AdvantageEstimator::Gae {
+                gamma: 1.0,
+                lam: 0.95,
+            }),
             // GSPO paper: sequence ratio, ε = 3e-4 / 4e-4.
             Preset::new("gspo", "gspo").with(|c| {
                 c.with_ratio_level(RatioLevel::Sequence)
@@ -109,20 +129,27 @@ impl LossRegistry {
             }),
             Preset::new("ctpo", "ctpo").with(|c| c.with_ratio_level(RatioLevel::Cumulative)),
             Preset::new("cispo", "cispo").with(|c| c.with_clip_ratio_high(0.28)),
-            Preset::new("geo_mean", "geo_mean").with(|c| c.with_clip_ratio_low(0.4).with_clip_ratio_high(0.4)),
+            Preset::new("geo_mean", "geo_mean")
+                .with(|c| c.with_clip_ratio_low(0.4).with_clip_ratio_high(0.4)),
             Preset::new("sapo", "sapo").with(|c| c.with_aggregation(SeqMeanTokenMean)),
             // DeepSeekMath GRPO: PPO clip, per-sequence token mean, k3 KL in the loss.
             Preset::new("grpo", "ppo").with(|c| {
-                c.with_aggregation(SeqMeanTokenMean).with_kl_coef(0.04).with_kl_estimator(crate::KlEstimator::K3)
+                c.with_aggregation(SeqMeanTokenMean)
+                    .with_kl_coef(0.04)
+                    .with_kl_estimator(crate::KlEstimator::K3)
             }),
             // Dr.GRPO: no std in the advantage, constant normaliser, no KL.
             Preset::new("dr_grpo", "ppo")
                 .with(|c| c.with_aggregation(SeqMeanTokenSumNorm))
-                .with_advantage(AdvantageEstimator::Grpo { norm_by_std: false, epsilon: 1e-6 }),
+                .with_advantage(AdvantageEstimator::Grpo {
+                    norm_by_std: false,
+                    epsilon: 1e-6,
+                }),
             // DAPO: Clip-Higher, token-level loss, no KL.
             Preset {
                 require_clip_higher: true,
-                ..Preset::new("dapo", "ppo").with(|c| c.with_clip_ratio_high(0.28).with_aggregation(TokenMean))
+                ..Preset::new("dapo", "ppo")
+                    .with(|c| c.with_clip_ratio_high(0.28).with_aggregation(TokenMean))
             },
         ];
         for p in presets {
@@ -132,10 +159,16 @@ impl LossRegistry {
     }
 
     /// Registers (or replaces) a loss under `name`, with a default preset of the same name.
-    pub fn register(&mut self, name: impl Into<String>, loss: impl PolicyLoss + 'static) -> &mut Self {
+    pub fn register(
+        &mut self,
+        name: impl Into<String>,
+        loss: impl PolicyLoss + 'static,
+    ) -> &mut Self {
         let name = name.into();
         self.losses.insert(name.clone(), Arc::new(loss));
-        self.presets.entry(name.clone()).or_insert_with(|| Preset::new(name.clone(), name));
+        self.presets
+            .entry(name.clone())
+            .or_insert_with(|| Preset::new(name.clone(), name));
         self
     }
 
@@ -155,25 +188,43 @@ impl LossRegistry {
 
     /// The preset for `name` (every registered loss has one).
     pub fn resolve(&self, name: &str) -> Result<Preset> {
-        self.presets.get(name).cloned().ok_or_else(|| self.unknown("policy loss", name, true))
+        self.presets
+            .get(name)
+            .cloned()
+            .ok_or_else(|| self.unknown("policy loss", name, true))
     }
 
     /// The loss that `name` (a loss or a preset) runs.
     pub fn get(&self, name: &str) -> Result<Arc<dyn PolicyLoss>> {
         let preset = self.resolve(name)?;
-        self.losses.get(&preset.loss).cloned().ok_or_else(|| self.unknown("policy loss", &preset.loss, false))
+        self.losses
+            .get(&preset.loss)
+            .cloned()
+            .ok_or_else(|| self.unknown("policy loss", &preset.loss, false))
     }
 
     /// Runs the loss `name` with `config` (not the preset's: pass `resolve(name)?.config`,
     /// adjusted, to use the preset).
-    pub fn compute(&self, name: &str, input: &PolicyLossInput, config: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    pub fn compute(
+        &self,
+        name: &str,
+        input: &PolicyLossInput,
+        config: &PolicyLossConfig,
+    ) -> Result<PolicyLossOutput> {
         self.resolve(name)?.validate(config)?;
         self.get(name)?.compute(input, config)
     }
 
     fn unknown(&self, kind: &'static str, name: &str, with_presets: bool) -> AlgoError {
-        let known: Vec<String> =
-            if with_presets { self.names() } else { self.losses.keys().cloned().collect() };
-        AlgoError::UnknownName { kind, name: name.to_string(), known }
+        let known: Vec<String> = if with_presets {
+            self.names()
+        } else {
+            self.losses.keys().cloned().collect()
+        };
+        AlgoError::UnknownName {
+            kind,
+            name: name.to_string(),
+            known,
+        }
     }
 }

@@ -16,7 +16,11 @@ impl PolicyLoss for Sapo {
         let ratio = ctx.ratio();
         let (_, a_pos) = ctx.advantage_signs();
         let (tp, tn) = (ctx.config.sapo_tau_pos, ctx.config.sapo_tau_neg);
-        let tau = ratio.clone().ones_like().mul_scalar(tn).mask_fill(a_pos, tp);
+        let tau = ratio
+            .clone()
+            .ones_like()
+            .mul_scalar(tn)
+            .mask_fill(a_pos, tp);
         let gate = sigmoid((ratio.clone() - 1.0) * tau.clone()) * 4.0 / tau;
         let loss = (gate * ctx.input.advantages.clone()).neg();
         let mut terms = LossTerms::from_value(LossValue::PerToken {
