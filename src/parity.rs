@@ -622,43 +622,38 @@ impl<'a> Case<'a> {
             .str(&["config", "kl_penalty"])?
             .parse()
             .map_err(|e| self.algo(e))?;
-        let mode = self.agg(&["config", "loss_agg_mode"])?;
         let log_prob = self.tensor::<2>("log_prob")?.require_grad();
         let (mask, mask_v) = self.mask()?;
-        let kl = kl_penalty(
-            log_prob.clone(),
-            self.tensor("ref_log_prob")?,
-            est,
-            Some(&mask),
-        )
-        .map_err(|e| self.algo(e))?;
-        let loss = aggregate_loss(kl.clone(), &mask, mode, &GlobalBatchInfo::local())
-            .map_err(|e| self.algo(e))?;
-        cmp.tensor(
-            "kl",
-            &self.host(&kl)?,
-            &self.want(&["outputs", "kl"])?,
-            Some(&mask_v),
-            false,
-        );
-        self.scalar_and_grad(cmp, loss, &log_prob, "log_prob", &mask_v)
+        let reference = self.tensor("ref_log_prob")?;
+        let kl =
+            kl_penalty(log_prob.clone(), reference, est, Some(&mask)).map_err(|e| self.algo(e))?;
+        self.per_token_term(cmp, "kl", kl, (&mask, &mask_v), &log_prob, "log_prob")
     }
 
     fn entropy(&self, cmp: &mut Compare) -> Result<()> {
-        let mode = self.agg(&["config", "loss_agg_mode"])?;
         let logits = self.tensor::<3>("logits")?.require_grad();
         let (mask, mask_v) = self.mask()?;
         let h = entropy_from_logits(logits.clone(), None).map_err(|e| self.algo(e))?;
-        let loss = aggregate_loss(h.clone(), &mask, mode, &GlobalBatchInfo::local())
+        self.per_token_term(cmp, "entropy", h, (&mask, &mask_v), &logits, "logits")
+    }
+
+    /// Compares a per-token quantity (where masked), its locally aggregated loss and the
+    /// gradient of that loss with respect to `leaf`.
+    fn per_token_term<const D: usize>(
+        &self,
+        cmp: &mut Compare,
+        name: &str,
+        values: Tensor<2>,
+        (mask, mask_v): (&Tensor<2>, &[f64]),
+        leaf: &Tensor<D>,
+        leaf_name: &str,
+    ) -> Result<()> {
+        let mode = self.agg(&["config", "loss_agg_mode"])?;
+        let loss = aggregate_loss(values.clone(), mask, mode, &GlobalBatchInfo::local())
             .map_err(|e| self.algo(e))?;
-        cmp.tensor(
-            "entropy",
-            &self.host(&h)?,
-            &self.want(&["outputs", "entropy"])?,
-            Some(&mask_v),
-            false,
-        );
-        self.scalar_and_grad(cmp, loss, &logits, "logits", &mask_v)
+        let want = self.want(&["outputs", name])?;
+        cmp.tensor(name, &self.host(&values)?, &want, Some(mask_v), false);
+        self.scalar_and_grad(cmp, loss, leaf, leaf_name, mask_v)
     }
 
     fn logprob(&self, cmp: &mut Compare) -> Result<()> {

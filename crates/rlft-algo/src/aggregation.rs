@@ -5,8 +5,6 @@ use crate::masked::{COUNT_EPS, check_shape, div_scalar, masked_row_sum, masked_s
 use crate::{AlgoError, Result};
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
 
 /// How per-token losses `L[i, t]` are reduced to a scalar (`n_i` = tokens in row `i`, `S` =
 /// rows with `n_i > 0`, `T` = padded width).
@@ -37,34 +35,14 @@ impl LossAggregation {
             "seq-mean-token-sum-norm",
         ),
     ];
-
-    /// The mode's name (`token-mean`, ...).
-    pub fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(m, _)| *m == self)
-            .map(|(_, n)| *n)
-            .unwrap_or("?")
-    }
 }
 
-impl fmt::Display for LossAggregation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for LossAggregation {
-    type Err = AlgoError;
-    fn from_str(s: &str) -> Result<Self> {
-        let key = s.trim().replace('_', "-");
-        Self::ALL
-            .iter()
-            .find(|(_, n)| *n == key)
-            .map(|(m, _)| *m)
-            .ok_or_else(|| AlgoError::unknown("loss aggregation", s, &Self::ALL.map(|(_, n)| n)))
-    }
-}
+crate::error::impl_names!(
+    LossAggregation,
+    LossAggregation::ALL,
+    "loss aggregation",
+    |s| s.trim().replace('_', "-")
+);
 
 /// What the whole (global) batch looks like when a loss is computed on one part of it: one
 /// micro-batch of gradient accumulation, or one data-parallel rank's share.

@@ -83,3 +83,34 @@ impl AlgoError {
         }
     }
 }
+
+/// Implements `Display` (the first name of a variant) and `FromStr` (any name, after `normalise`)
+/// for a `Copy + PartialEq` enum from a `[(variant, name); N]` table. Unknown names are an
+/// [`AlgoError::UnknownName`] listing every accepted name.
+macro_rules! impl_names {
+    ($ty:ty, $table:expr, $kind:literal, $normalise:expr) => {
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let name = $table.iter().find(|(v, _)| v == self).map(|(_, n)| *n);
+                f.write_str(name.unwrap_or("?"))
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = $crate::AlgoError;
+            fn from_str(s: &str) -> $crate::Result<Self> {
+                let normalise: fn(&str) -> String = $normalise;
+                let key = normalise(s);
+                $table
+                    .iter()
+                    .find(|(_, n)| *n == key)
+                    .map(|(v, _)| *v)
+                    .ok_or_else(|| {
+                        let known: Vec<&str> = $table.iter().map(|(_, n)| *n).collect();
+                        $crate::AlgoError::unknown($kind, s, &known)
+                    })
+            }
+        }
+    };
+}
+pub(crate) use impl_names;

@@ -5,8 +5,6 @@ use crate::masked::{masked_mean, zero_padding};
 use crate::{AlgoError, Result};
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
 
 /// Per-token estimator of `KL(πθ ‖ π_ref)` from sampled tokens (`x = log πθ − log π_ref`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,56 +26,33 @@ pub enum KlEstimator {
 }
 
 impl KlEstimator {
-    /// Every accepted name and its estimator (verl's names included).
-    pub const NAMES: [(&'static str, KlEstimator); 12] = [
-        ("k1", KlEstimator::K1),
-        ("kl", KlEstimator::K1),
-        ("k2", KlEstimator::K2),
-        ("mse", KlEstimator::K2),
-        ("k3", KlEstimator::K3),
-        ("low_var_kl", KlEstimator::K3),
-        ("abs", KlEstimator::Abs),
-        ("k1+", KlEstimator::K1Plus),
-        ("kl+", KlEstimator::K1Plus),
-        ("k3+", KlEstimator::K3Plus),
-        ("low_var_kl+", KlEstimator::K3Plus),
-        ("abs+", KlEstimator::AbsPlus),
+    /// Every accepted name (verl's included); the first name of a variant is its display name.
+    /// A trailing `_plus` reads as `+`, and `k2+`/`mse+` are plain k2 (k2 already has k2's
+    /// gradient), as in verl.
+    pub const NAMES: [(KlEstimator, &'static str); 14] = [
+        (KlEstimator::K1, "k1"),
+        (KlEstimator::K1, "kl"),
+        (KlEstimator::K2, "k2"),
+        (KlEstimator::K2, "mse"),
+        (KlEstimator::K2, "k2+"),
+        (KlEstimator::K2, "mse+"),
+        (KlEstimator::K3, "k3"),
+        (KlEstimator::K3, "low_var_kl"),
+        (KlEstimator::Abs, "abs"),
+        (KlEstimator::K1Plus, "k1+"),
+        (KlEstimator::K1Plus, "kl+"),
+        (KlEstimator::K3Plus, "k3+"),
+        (KlEstimator::K3Plus, "low_var_kl+"),
+        (KlEstimator::AbsPlus, "abs+"),
     ];
-
-    fn name(self) -> &'static str {
-        Self::NAMES
-            .iter()
-            .find(|(_, e)| *e == self)
-            .map(|(n, _)| *n)
-            .unwrap_or("?")
-    }
 }
 
-impl fmt::Display for KlEstimator {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for KlEstimator {
-    type Err = AlgoError;
-    fn from_str(s: &str) -> Result<Self> {
-        let key = s.trim().to_ascii_lowercase();
-        let key = key
-            .strip_suffix("_plus")
-            .map(|k| format!("{k}+"))
-            .unwrap_or(key);
-        // k2 already has k2's gradient, so "k2+"/"mse+" are plain k2 (as in verl).
-        if key == "k2+" || key == "mse+" {
-            return Ok(KlEstimator::K2);
-        }
-        Self::NAMES
-            .iter()
-            .find(|(n, _)| *n == key)
-            .map(|(_, e)| *e)
-            .ok_or_else(|| AlgoError::unknown("KL estimator", s, &Self::NAMES.map(|(n, _)| n)))
-    }
-}
+crate::error::impl_names!(KlEstimator, KlEstimator::NAMES, "KL estimator", |s| {
+    let key = s.trim().to_ascii_lowercase();
+    key.strip_suffix("_plus")
+        .map(|k| format!("{k}+"))
+        .unwrap_or(key)
+});
 
 /// Per-token KL estimate between `log πθ` and `log π_ref`, differentiable with respect to
 /// `log_prob`. Unmasked positions are 0 when a mask is given.

@@ -5,8 +5,6 @@ use crate::masked::{valid, zero_padding};
 use crate::{AlgoError, Result};
 use burn::tensor::{Int, Tensor};
 use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
 
 /// Bound on `|log ρ|` at token and cumulative level (verl clamps `log πθ − log μ` to ±20).
 pub const LOG_RATIO_CLAMP: f64 = 20.0;
@@ -36,28 +34,9 @@ impl RatioLevel {
     ];
 }
 
-impl fmt::Display for RatioLevel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = Self::ALL
-            .iter()
-            .find(|(l, _)| l == self)
-            .map(|(_, n)| *n)
-            .unwrap_or("?");
-        f.write_str(name)
-    }
-}
-
-impl FromStr for RatioLevel {
-    type Err = AlgoError;
-    fn from_str(s: &str) -> Result<Self> {
-        let key = s.trim().to_ascii_lowercase();
-        Self::ALL
-            .iter()
-            .find(|(_, n)| *n == key)
-            .map(|(l, _)| *l)
-            .ok_or_else(|| AlgoError::unknown("ratio level", s, &Self::ALL.map(|(_, n)| n)))
-    }
-}
+crate::error::impl_names!(RatioLevel, RatioLevel::ALL, "ratio level", |s| s
+    .trim()
+    .to_ascii_lowercase());
 
 /// `log πθ − log μ` per token, exactly 0 (with zero gradient) at unmasked positions.
 ///
