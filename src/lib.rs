@@ -6,11 +6,14 @@
 //! This facade re-exports the workspace crates:
 //! - [`algo`] (`rlft-algo`): log-probs, ratios, clipping, the policy-loss registry, aggregation,
 //!   advantages, KL estimators, value loss, reward shaping, diagnostics.
+//! - [`model`] (`rlft-model`): the Llama-family transformer, loaded from Hugging Face
+//!   safetensors checkpoints.
 //! - [`device`]: backend selection from a device string (`flex`, `wgpu:cpu`, `cuda:0`, ...).
 //! - [`parity`]: the runner that checks rlft against verl's golden cases.
 
 pub use rlft_algo as algo;
 pub use rlft_algo::device;
+pub use rlft_model as model;
 
 pub mod parity;
 

@@ -1,0 +1,209 @@
+//! The decoder-only transformer (Llama family): RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+use burn::module::Module;
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::{Bool, Int, Tensor};
+
+/// One attention block's projections.
+#[derive(Module, Debug)]
+pub struct Attention {
+    /// Query projection `d → H·hd`.
+    pub q_proj: Linear,
+    /// Key projection `d → KVH·hd`.
+    pub k_proj: Linear,
+    /// Value projection `d → KVH·hd`.
+    pub v_proj: Linear,
+    /// Output projection `H·hd → d`.
+    pub o_proj: Linear,
+    /// Per-head query RMSNorm (Qwen3).
+    pub q_norm: Option<RmsNorm>,
+    /// Per-head key RMSNorm (Qwen3).
+    pub k_norm: Option<RmsNorm>,
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) · up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    /// Gate projection.
+    pub gate_proj: Linear,
+    /// Up projection.
+    pub up_proj: Linear,
+    /// Down projection.
+    pub down_proj: Linear,
+}
+
+/// Pre-norm decoder layer.
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm,
+    /// Attention.
+    pub self_attn: Attention,
+    /// Norm before the MLP.
+    pub post_attention_layernorm: RmsNorm,
+    /// MLP.
+    pub mlp: Mlp,
+}
+
+/// Llama-family causal language model.
+#[derive(Module, Debug)]
+pub struct Transformer {
+    /// Token embedding `[vocab, d]`.
+    pub embed_tokens: Embedding,
+    /// Decoder layers.
+    pub layers: Vec<DecoderLayer>,
+    /// Final norm.
+    pub norm: RmsNorm,
+    /// Output head (None: tied to the embedding).
+    pub lm_head: Option<Linear>,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// RoPE inverse frequencies (`head_dim / 2` values, Llama 3 scaling applied).
+    pub rope_inv_freq: Vec<f64>,
+}
+
+/// Inputs of one forward pass.
+#[derive(Debug, Clone)]
+pub struct ForwardInput {
+    /// Token ids `[batch, L]`.
+    pub input_ids: Tensor<2, Int>,
+    /// Position of each token `[batch, L]` (per row, so left-padded rows start at 0 at their
+    /// first real token).
+    pub position_ids: Tensor<2, Int>,
+    /// `1` for real tokens, `0` for padding, `[batch, L]`.
+    pub attention_mask: Option<Tensor<2, Int>>,
+}
+
+impl ForwardInput {
+    /// Unpadded rows: positions `0..L`, no mask.
+    pub fn new(input_ids: Tensor<2, Int>) -> Self {
+        let [b, l] = input_ids.dims();
+        let pos = Tensor::<1, Int>::arange(0..l as i64, &input_ids.device())
+            .unsqueeze::<2>()
+            .expand([b, l]);
+        Self {
+            input_ids,
+            position_ids: pos,
+            attention_mask: None,
+        }
+    }
+}
+
+impl Transformer {
+    /// Final hidden states `[batch, L, d]` (after the last norm).
+    pub fn hidden_states(&self, input: &ForwardInput) -> Tensor<3> {
+        let [_, l] = input.input_ids.dims();
+        let device = input.input_ids.device();
+        let mut x = self.embed_tokens.forward(input.input_ids.clone());
+        let (cos, sin) = rope_tables(&self.rope_inv_freq, &input.position_ids, x.dtype());
+        // Causal mask `[1, 1, L, L]` (true = masked), joined with key padding `[b, 1, 1, L]`.
+        let causal = Tensor::<2, Bool>::tril_mask([l, l], 0, &device).unsqueeze::<4>();
+        let mask = match &input.attention_mask {
+            Some(m) => {
+                let pad = m
+                    .clone()
+                    .equal_elem(0)
+                    .unsqueeze_dim::<3>(1)
+                    .unsqueeze_dim::<4>(1);
+                let [b, _] = m.dims();
+                causal
+                    .expand([b, 1, l, l])
+                    .bool_or(pad.expand([b, 1, l, l]))
+            }
+            None => causal,
+        };
+        for layer in &self.layers {
+            let h = layer.input_layernorm.forward(x.clone());
+            let h = self.attention(&layer.self_attn, h, &cos, &sin, &mask);
+            x = x + h;
+            let h = layer.post_attention_layernorm.forward(x.clone());
+            let m = &layer.mlp;
+            let h = m
+                .down_proj
+                .forward(silu(m.gate_proj.forward(h.clone())) * m.up_proj.forward(h));
+            x = x + h;
+        }
+        self.norm.forward(x)
+    }
+
+    /// Logits `[batch, L, vocab]`.
+    pub fn forward(&self, input: &ForwardInput) -> Tensor<3> {
+        let h = self.hidden_states(input);
+        match &self.lm_head {
+            Some(head) => head.forward(h),
+            None => h.matmul(self.embed_tokens.weight.val().transpose().unsqueeze::<3>()),
+        }
+    }
+
+    fn attention(
+        &self,
+        attn: &Attention,
+        x: Tensor<3>,
+        cos: &Tensor<4>,
+        sin: &Tensor<4>,
+        mask: &Tensor<4, Bool>,
+    ) -> Tensor<3> {
+        let [b, l, _] = x.dims();
+        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let split = |t: Tensor<3>, n: usize| t.reshape([b, l, n, hd]).swap_dims(1, 2);
+        let mut q = split(attn.q_proj.forward(x.clone()), h);
+        let mut k = split(attn.k_proj.forward(x.clone()), kvh);
+        let v = split(attn.v_proj.forward(x), kvh);
+        if let (Some(qn), Some(kn)) = (&attn.q_norm, &attn.k_norm) {
+            q = qn.forward(q);
+            k = kn.forward(k);
+        }
+        let q = apply_rope(q, cos, sin);
+        let k = repeat_kv(apply_rope(k, cos, sin), h / kvh);
+        let v = repeat_kv(v, h / kvh);
+        let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hd as f64).sqrt());
+        let [_, _, lq, lk] = scores.dims();
+        let [mb, _, _, _] = mask.dims();
+        let scores = scores.mask_fill(mask.clone().expand([mb.max(b), h, lq, lk]), -1e9);
+        let out = softmax(scores, 3).matmul(v);
+        attn.o_proj
+            .forward(out.swap_dims(1, 2).reshape([b, l, h * hd]))
+    }
+}
+
+/// `cos` and `sin` tables `[batch, 1, L, hd]` for the given positions.
+fn rope_tables(
+    inv_freq: &[f64],
+    positions: &Tensor<2, Int>,
+    dtype: burn::tensor::DType,
+) -> (Tensor<4>, Tensor<4>) {
+    let device = positions.device();
+    let inv: Vec<f32> = inv_freq.iter().map(|f| *f as f32).collect();
+    let half = inv.len();
+    let inv = Tensor::<1>::from_data(burn::tensor::TensorData::new(inv, [half]), &device)
+        .reshape([1, 1, half]);
+    let [b, l] = positions.dims();
+    let freqs = positions.clone().float().reshape([b, l, 1]) * inv;
+    let emb = Tensor::cat(vec![freqs.clone(), freqs], 2).unsqueeze_dim::<4>(1);
+    (emb.clone().cos().cast(dtype), emb.sin().cast(dtype))
+}
+
+/// HF's `rotate_half` RoPE: `x·cos + rotate_half(x)·sin`.
+fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+    let [_, _, _, hd] = x.dims();
+    let x1 = x.clone().narrow(3, 0, hd / 2);
+    let x2 = x.clone().narrow(3, hd / 2, hd / 2);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    x * cos.clone() + rotated * sin.clone()
+}
+
+/// Repeats key/value heads `[b, kvh, L, hd] → [b, kvh·n, L, hd]` for grouped-query attention.
+fn repeat_kv(x: Tensor<4>, n: usize) -> Tensor<4> {
+    if n == 1 {
+        return x;
+    }
+    let [b, kvh, l, hd] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .expand([b, kvh, n, l, hd])
+        .reshape([b, kvh * n, l, hd])
+}

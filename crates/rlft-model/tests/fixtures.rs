@@ -1,0 +1,202 @@
+//! Parity with transformers on the tiny checkpoints in `shared/fixtures` (`RLFT_FIXTURES_DIR`
+//! overrides the location): full-vocabulary logits within 1e-4, greedy ids identical, and a
+//! left-padded batch equal to the unpadded rows. Bad checkpoints are errors, never panics.
+
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use rlft_model::{ForwardInput, ModelError, Transformer};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    std::env::var_os("RLFT_FIXTURES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"))
+}
+
+fn ids(v: &Value) -> Vec<i64> {
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_i64().expect("id"))
+        .collect()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("list")
+        .iter()
+        .flat_map(|row| match row.as_array() {
+            Some(r) => r
+                .iter()
+                .map(|x| x.as_f64().expect("float") as f32)
+                .collect(),
+            None => vec![row.as_f64().expect("float") as f32],
+        })
+        .collect()
+}
+
+fn logits(model: &Transformer, input: ForwardInput) -> (Vec<f32>, [usize; 3]) {
+    let out = model.forward(&input);
+    let dims = out.dims();
+    (
+        out.into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .expect("f32 logits"),
+        dims,
+    )
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn check_fixture(name: &str) {
+    let dir = fixtures().join(name);
+    let device = Device::flex();
+    let model =
+        Transformer::from_hf_dir(&dir, &device, DType::F32).unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(dir.join("expected.json")).expect("expected.json");
+    let expected: Value = serde_json::from_str(&text).expect("json");
+    let cases = expected["cases"].as_array().expect("cases");
+    let mut per_case = Vec::new();
+    for case in cases {
+        let input_ids = ids(&case["input_ids"]);
+        let n = input_ids.len();
+        let t = Tensor::<2, Int>::from_data(TensorData::new(input_ids.clone(), [1, n]), &device);
+        let (got, [_, _, v]) = logits(&model, ForwardInput::new(t));
+        let want = floats(&case["logits"]);
+        let diff = max_diff(&got, &want);
+        println!(
+            "{name} case {}: {n} tokens, max |Δlogit| = {diff:.2e}",
+            case["name"]
+        );
+        assert!(
+            diff < 1e-4,
+            "{name} case {}: max |Δlogit| = {diff}",
+            case["name"]
+        );
+        per_case.push((got, v));
+
+        // Greedy decoding (full forward each step; EOS does not stop).
+        let mut seq = input_ids.clone();
+        let want_greedy = ids(&case["greedy_ids"]);
+        for _ in 0..want_greedy.len() {
+            let t =
+                Tensor::<2, Int>::from_data(TensorData::new(seq.clone(), [1, seq.len()]), &device);
+            let (l, [_, len, v]) = logits(&model, ForwardInput::new(t));
+            let last = &l[(len - 1) * v..len * v];
+            let arg = (0..v)
+                .max_by(|a, b| last[*a].total_cmp(&last[*b]))
+                .expect("vocab");
+            seq.push(arg as i64);
+        }
+        assert_eq!(
+            &seq[n..],
+            &want_greedy[..],
+            "{name} case {}: greedy ids",
+            case["name"]
+        );
+    }
+
+    let batch = &expected["batch_left_padded"];
+    let rows: Vec<Vec<i64>> = batch["input_ids"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(ids)
+        .collect();
+    let (b, l) = (rows.len(), rows[0].len());
+    let flat = |key: &str| -> Vec<i64> {
+        batch[key]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .flat_map(ids)
+            .collect()
+    };
+    let int = |v: Vec<i64>| Tensor::<2, Int>::from_data(TensorData::new(v, [b, l]), &device);
+    let input = ForwardInput {
+        input_ids: int(rows.concat()),
+        position_ids: int(flat("position_ids")),
+        attention_mask: Some(int(flat("attention_mask"))),
+    };
+    let (got, [_, _, v]) = logits(&model, input);
+    for (row, (want, _)) in per_case.iter().take(b).enumerate() {
+        let n = want.len() / v;
+        let start = (row * l + (l - n)) * v;
+        let diff = max_diff(&got[start..start + n * v], want);
+        println!("{name} left-padded row {row}: max |Δlogit| = {diff:.2e}");
+        assert!(
+            diff < 1e-4,
+            "{name} left-padded row {row}: max |Δlogit| = {diff}"
+        );
+    }
+}
+
+#[test]
+fn tiny_llama_matches_transformers() {
+    check_fixture("tiny-llama");
+}
+
+#[test]
+fn tiny_llama_tied_matches_transformers() {
+    check_fixture("tiny-llama-tied");
+}
+
+#[test]
+fn tiny_qwen2_matches_transformers() {
+    check_fixture("tiny-qwen2");
+}
+
+/// Copies a fixture to a temporary folder with `edit` applied to its config.
+fn broken_copy(tag: &str, edit: impl Fn(&mut Value)) -> PathBuf {
+    let src = fixtures().join("tiny-llama");
+    let dst = std::env::temp_dir().join(format!("rlft-model-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dst).expect("temp dir");
+    std::fs::copy(src.join("model.safetensors"), dst.join("model.safetensors")).expect("copy");
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).expect("config"))
+            .expect("json");
+    edit(&mut cfg);
+    std::fs::write(dst.join("config.json"), cfg.to_string()).expect("write");
+    dst
+}
+
+#[test]
+fn bad_checkpoints_are_errors() {
+    let device = Device::flex();
+    let load = |dir: &Path| Transformer::from_hf_dir(dir, &device, DType::F32).map(|_| ());
+
+    let dir = broken_copy("layers", |c| c["num_hidden_layers"] = 3.into());
+    let e = load(&dir).unwrap_err();
+    assert!(matches!(e, ModelError::MissingTensor { .. }), "{e}");
+    assert!(e.to_string().contains("model.layers.2."), "{e}");
+
+    let dir = broken_copy("shape", |c| c["intermediate_size"] = 96.into());
+    let e = load(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("has shape [128, 64] but the config implies [96, 64]"),
+        "{e}"
+    );
+
+    let dir = broken_copy("tied", |c| c["tie_word_embeddings"] = true.into());
+    assert!(
+        load(&dir).is_ok(),
+        "an unused lm_head next to tied embeddings is tolerated"
+    );
+
+    let dir = broken_copy("truncated", |_| ());
+    let bytes = std::fs::read(dir.join("model.safetensors")).expect("read");
+    std::fs::write(dir.join("model.safetensors"), &bytes[..bytes.len() / 2]).expect("truncate");
+    let e = load(&dir).unwrap_err();
+    assert!(matches!(e, ModelError::Weights { .. }), "{e}");
+
+    std::fs::remove_file(dir.join("model.safetensors")).expect("rm");
+    let e = load(&dir).unwrap_err().to_string();
+    assert!(e.contains("no model.safetensors"), "{e}");
+}
