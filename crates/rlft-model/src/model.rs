@@ -97,29 +97,67 @@ impl ForwardInput {
 impl Transformer {
     /// Final hidden states `[batch, L, d]` (after the last norm).
     pub fn hidden_states(&self, input: &ForwardInput) -> Tensor<3> {
-        let [_, l] = input.input_ids.dims();
+        self.hidden_states_cached(input, &mut KvCache::disabled())
+    }
+
+    /// Logits `[batch, L, vocab]`.
+    pub fn forward(&self, input: &ForwardInput) -> Tensor<3> {
+        self.logits(self.hidden_states(input))
+    }
+
+    /// Logits `[batch, L_new, vocab]` for new tokens, attending to everything in `cache` and
+    /// appending the new keys and values to it. `input.attention_mask` (if any) covers the new
+    /// tokens only; the cache remembers the mask of earlier ones. Decoding step by step gives the
+    /// same logits as one full forward pass.
+    pub fn forward_cached(&self, input: &ForwardInput, cache: &mut KvCache) -> Tensor<3> {
+        self.logits(self.hidden_states_cached(input, cache))
+    }
+
+    fn logits(&self, h: Tensor<3>) -> Tensor<3> {
+        match &self.lm_head {
+            Some(head) => head.forward(h),
+            None => h.matmul(self.embed_tokens.weight.val().transpose().unsqueeze::<3>()),
+        }
+    }
+
+    fn hidden_states_cached(&self, input: &ForwardInput, cache: &mut KvCache) -> Tensor<3> {
+        let [b, l] = input.input_ids.dims();
         let device = input.input_ids.device();
         let mut x = self.embed_tokens.forward(input.input_ids.clone());
         let (cos, sin) = rope_tables(&self.rope_inv_freq, &input.position_ids, x.dtype());
-        // Causal mask `[1, 1, L, L]` (true = masked), joined with key padding `[b, 1, 1, L]`.
-        let causal = Tensor::<2, Bool>::tril_mask([l, l], 0, &device).unsqueeze::<4>();
-        let mask = match &input.attention_mask {
-            Some(m) => {
-                let pad = m
-                    .clone()
-                    .equal_elem(0)
-                    .unsqueeze_dim::<3>(1)
-                    .unsqueeze_dim::<4>(1);
-                let [b, _] = m.dims();
-                causal
-                    .expand([b, 1, l, l])
-                    .bool_or(pad.expand([b, 1, l, l]))
-            }
-            None => causal,
+        let past = cache.len();
+        let total = past + l;
+        // Key padding over all keys so far (true = masked), `[b, 1, 1, total]`.
+        let new_mask = input
+            .attention_mask
+            .clone()
+            .unwrap_or_else(|| Tensor::<2, Int>::ones([b, l], &device));
+        let key_mask = match (cache.enabled, cache.mask.take()) {
+            (true, Some(old)) => Tensor::cat(vec![old, new_mask], 1),
+            _ => new_mask,
         };
-        for layer in &self.layers {
+        // Causal mask aligned bottom-right: query i sees keys j <= past + i.
+        let causal = Tensor::<2, Bool>::tril_mask([l, total], past as i64, &device)
+            .unsqueeze::<4>()
+            .expand([b, 1, l, total]);
+        let pad = key_mask
+            .clone()
+            .equal_elem(0)
+            .unsqueeze_dim::<3>(1)
+            .unsqueeze_dim::<4>(1);
+        let mask = causal.bool_or(pad.expand([b, 1, l, total]));
+        if cache.enabled {
+            cache.mask = Some(key_mask);
+            cache.layers.resize_with(self.layers.len(), || None);
+        }
+        for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_layernorm.forward(x.clone());
-            let h = self.attention(&layer.self_attn, h, &cos, &sin, &mask);
+            let slot = if cache.enabled {
+                cache.layers.get_mut(i)
+            } else {
+                None
+            };
+            let h = self.attention(&layer.self_attn, h, (&cos, &sin), &mask, slot);
             x = x + h;
             let h = layer.post_attention_layernorm.forward(x.clone());
             let m = &layer.mlp;
@@ -128,46 +166,80 @@ impl Transformer {
                 .forward(silu(m.gate_proj.forward(h.clone())) * m.up_proj.forward(h));
             x = x + h;
         }
+        cache.len = total;
         self.norm.forward(x)
-    }
-
-    /// Logits `[batch, L, vocab]`.
-    pub fn forward(&self, input: &ForwardInput) -> Tensor<3> {
-        let h = self.hidden_states(input);
-        match &self.lm_head {
-            Some(head) => head.forward(h),
-            None => h.matmul(self.embed_tokens.weight.val().transpose().unsqueeze::<3>()),
-        }
     }
 
     fn attention(
         &self,
         attn: &Attention,
         x: Tensor<3>,
-        cos: &Tensor<4>,
-        sin: &Tensor<4>,
+        (cos, sin): (&Tensor<4>, &Tensor<4>),
         mask: &Tensor<4, Bool>,
+        cache: Option<&mut Option<(Tensor<4>, Tensor<4>)>>,
     ) -> Tensor<3> {
         let [b, l, _] = x.dims();
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let split = |t: Tensor<3>, n: usize| t.reshape([b, l, n, hd]).swap_dims(1, 2);
         let mut q = split(attn.q_proj.forward(x.clone()), h);
         let mut k = split(attn.k_proj.forward(x.clone()), kvh);
-        let v = split(attn.v_proj.forward(x), kvh);
+        let mut v = split(attn.v_proj.forward(x), kvh);
         if let (Some(qn), Some(kn)) = (&attn.q_norm, &attn.k_norm) {
             q = qn.forward(q);
             k = kn.forward(k);
         }
         let q = apply_rope(q, cos, sin);
-        let k = repeat_kv(apply_rope(k, cos, sin), h / kvh);
+        k = apply_rope(k, cos, sin);
+        if let Some(slot) = cache {
+            if let Some((pk, pv)) = slot.take() {
+                k = Tensor::cat(vec![pk, k], 2);
+                v = Tensor::cat(vec![pv, v], 2);
+            }
+            *slot = Some((k.clone(), v.clone()));
+        }
+        let k = repeat_kv(k, h / kvh);
         let v = repeat_kv(v, h / kvh);
         let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hd as f64).sqrt());
         let [_, _, lq, lk] = scores.dims();
-        let [mb, _, _, _] = mask.dims();
-        let scores = scores.mask_fill(mask.clone().expand([mb.max(b), h, lq, lk]), -1e9);
+        let scores = scores.mask_fill(mask.clone().expand([b, h, lq, lk]), -1e9);
         let out = softmax(scores, 3).matmul(v);
         attn.o_proj
             .forward(out.swap_dims(1, 2).reshape([b, l, h * hd]))
+    }
+}
+
+/// Keys and values of earlier tokens, per layer, for incremental decoding (rows may be
+/// left-padded: the cache keeps their attention mask).
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    enabled: bool,
+    len: usize,
+    layers: Vec<Option<(Tensor<4>, Tensor<4>)>>,
+    mask: Option<Tensor<2, Int>>,
+}
+
+impl KvCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self {
+            enabled: true,
+            ..Default::default()
+        }
+    }
+
+    /// A cache that stores nothing (plain full forward passes).
+    fn disabled() -> Self {
+        Self::default()
+    }
+
+    /// Number of cached positions.
+    pub fn len(&self) -> usize {
+        if self.enabled { self.len } else { 0 }
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
