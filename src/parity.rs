@@ -653,7 +653,7 @@ impl<'a> Case<'a> {
             .map_err(|e| self.algo(e))?;
         let want = self.want(&["outputs", name])?;
         cmp.tensor(name, &self.host(&values)?, &want, Some(mask_v), false);
-        self.scalar_and_grad(cmp, loss, leaf, leaf_name, mask_v)
+        self.scalar_and_grad(cmp, loss, leaf, leaf_name, Some(mask_v))
     }
 
     fn logprob(&self, cmp: &mut Compare) -> Result<()> {
@@ -673,22 +673,7 @@ impl<'a> Case<'a> {
             None,
             false,
         );
-        cmp.scalar(
-            "loss",
-            self.host(&loss)?[0],
-            self.num(&["outputs", "loss"])?,
-        );
-        let g = logits
-            .grad(&loss.backward())
-            .ok_or_else(|| self.err("no gradient reached logits"))?;
-        cmp.tensor(
-            "grad.logits",
-            &self.host(&g)?,
-            &self.want(&["outputs", "grad", "logits"])?,
-            None,
-            false,
-        );
-        Ok(())
+        self.scalar_and_grad(cmp, loss, &logits, "logits", None)
     }
 
     fn value_loss(&self, cmp: &mut Compare) -> Result<()> {
@@ -708,16 +693,18 @@ impl<'a> Case<'a> {
         if let Some(want) = self.opt_num(&["outputs", "metrics", "vf_clipfrac"]) {
             cmp.scalar("vf_clipfrac", self.host(&frac)?[0], want);
         }
-        self.scalar_and_grad(cmp, loss, &vpreds, "vpreds", &mask_v)
+        self.scalar_and_grad(cmp, loss, &vpreds, "vpreds", Some(&mask_v))
     }
 
+    /// Compares the loss against `outputs.loss` and its gradient against `outputs.grad.NAME`:
+    /// within tolerance where `mask` is set (everywhere without a mask), exactly 0 elsewhere.
     fn scalar_and_grad<const D: usize>(
         &self,
         cmp: &mut Compare,
         loss: Tensor<1>,
         leaf: &Tensor<D>,
         name: &str,
-        mask: &[f64],
+        mask: Option<&[f64]>,
     ) -> Result<()> {
         cmp.scalar(
             "loss",
@@ -727,12 +714,13 @@ impl<'a> Case<'a> {
         let g = leaf
             .grad(&loss.backward())
             .ok_or_else(|| self.err(format!("no gradient reached {name}")))?;
+        let want = self.want(&["outputs", "grad", name])?;
         cmp.tensor(
             &format!("grad.{name}"),
             &self.host(&g)?,
-            &self.want(&["outputs", "grad", name])?,
-            Some(mask),
-            true,
+            &want,
+            mask,
+            mask.is_some(),
         );
         Ok(())
     }
