@@ -11,4 +11,4 @@ pub mod model;
 
 pub use config::{Llama3RopeScaling, TransformerConfig};
 pub use error::{ModelError, Result};
-pub use model::{ForwardInput, KvCache, Transformer};
+pub use model::{ForwardInput, KvCache, Transformer, ValueModel};

@@ -279,3 +279,51 @@ fn repeat_kv(x: Tensor<4>, n: usize) -> Tensor<4> {
         .expand([b, kvh, n, l, hd])
         .reshape([b, kvh * n, l, hd])
 }
+
+impl Transformer {
+    /// A frozen copy for the reference policy `π_ref`: no autodiff, untouched by later optimiser
+    /// steps on `self`, placed on `device` (which may differ from the policy's).
+    pub fn reference_copy(&self, device: &burn::tensor::Device) -> Transformer {
+        self.valid().to_device(device)
+    }
+
+    /// Model width `d`.
+    pub fn hidden_size(&self) -> usize {
+        self.embed_tokens.weight.dims()[1]
+    }
+}
+
+/// A critic for PPO: the transformer trunk plus a scalar head on each position's final hidden
+/// state.
+#[derive(Module, Debug)]
+pub struct ValueModel {
+    /// The transformer trunk (its `lm_head` is unused).
+    pub trunk: Transformer,
+    /// `d → 1` value head.
+    pub value_head: Linear,
+}
+
+impl ValueModel {
+    /// Puts a freshly initialised value head (N(0, 1/(d+1)) weights, zero bias) on `trunk`.
+    pub fn from_trunk(trunk: Transformer, device: &burn::tensor::Device) -> Self {
+        let d = trunk.hidden_size();
+        let value_head = burn::nn::LinearConfig::new(d, 1)
+            .with_initializer(burn::nn::Initializer::Normal {
+                mean: 0.0,
+                std: 1.0 / ((d + 1) as f64).sqrt(),
+            })
+            .init(device);
+        let value_head = Linear {
+            bias: value_head.bias.map(|b| b.map(|t| t.zeros_like())),
+            ..value_head
+        };
+        Self { trunk, value_head }
+    }
+
+    /// Values `[batch, L]`, one per position.
+    pub fn forward(&self, input: &ForwardInput) -> Tensor<2> {
+        self.value_head
+            .forward(self.trunk.hidden_states(input))
+            .squeeze_dim::<2>(2)
+    }
+}

@@ -246,3 +246,38 @@ fn bad_checkpoints_are_errors() {
     let e = load(&dir).unwrap_err().to_string();
     assert!(e.contains("no model.safetensors"), "{e}");
 }
+
+#[test]
+fn reference_copy_and_value_model() {
+    let dir = fixtures().join("tiny-llama");
+    let device = Device::flex().autodiff();
+    let policy = Transformer::from_hf_dir(&dir, &device, DType::F32).expect("load");
+    let ids = int2(vec![5, 17, 42, 7], [1, 4], &device);
+    let input = ForwardInput::new(ids);
+    let plain = Device::flex();
+    let reference = policy.reference_copy(&plain);
+    let input_plain = ForwardInput::new(int2(vec![5, 17, 42, 7], [1, 4], &plain));
+    let (a, b) = (
+        to_vec(policy.forward(&input)),
+        to_vec(reference.forward(&input_plain)),
+    );
+    // The autodiff and plain devices run different kernels: equal up to f32 rounding.
+    let diff = max_diff(&a, &b);
+    assert!(
+        diff < 1e-4,
+        "the reference starts equal to the policy: max |Δ| = {diff}"
+    );
+    assert!(!reference.embed_tokens.weight.val().is_require_grad());
+
+    let critic = rlft_model::ValueModel::from_trunk(policy, &device);
+    let values = critic.forward(&input);
+    assert_eq!(values.dims(), [1, 4]);
+    let grads = values.sum().backward();
+    let g = critic
+        .value_head
+        .weight
+        .val()
+        .grad(&grads)
+        .expect("value head gradient");
+    assert!(g.abs().sum().into_scalar::<f32>() > 0.0);
+}
