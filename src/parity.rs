@@ -600,20 +600,10 @@ impl<'a> Case<'a> {
             input = input.with_values(v);
         }
         let out = est.compute(&input).map_err(|e| self.algo(e))?;
-        cmp.tensor(
-            "advantages",
-            &self.host(&out.advantages)?,
-            &self.want(&["outputs", "advantages"])?,
-            Some(&mask_v),
-            false,
-        );
-        cmp.tensor(
-            "returns",
-            &self.host(&out.returns)?,
-            &self.want(&["outputs", "returns"])?,
-            Some(&mask_v),
-            false,
-        );
+        for (name, got) in [("advantages", &out.advantages), ("returns", &out.returns)] {
+            let want = self.want(&["outputs", name])?;
+            cmp.tensor(name, &self.host(got)?, &want, Some(&mask_v), false);
+        }
         Ok(())
     }
 

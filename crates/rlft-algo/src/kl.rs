@@ -1,7 +1,7 @@
 //! KL estimators between the policy and the frozen reference, and the adaptive KL controller.
 
 use crate::logprob::check_bt;
-use crate::masked::{masked_mean, zero_padding};
+use crate::masked::zero_padding;
 use crate::{AlgoError, Result};
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
@@ -111,11 +111,6 @@ pub fn apply_kl_penalty_to_rewards(
     let kl = kl_penalty(old_log_prob, ref_log_prob, estimator, Some(mask))?.detach();
     let per_seq = kl.clone().sum_dim(1) / (mask.clone().sum_dim(1) + crate::masked::COUNT_EPS);
     Ok((token_rewards - kl * beta, per_seq.mean()))
-}
-
-/// Mean KL over masked tokens (a metric).
-pub fn mean_kl(kl: Tensor<2>, mask: &Tensor<2>) -> Tensor<1> {
-    masked_mean(kl, mask)
 }
 
 /// The adaptive KL coefficient of Ziegler et al. (as in verl and TRL): `β ← β·(1 + clip(KL/target

@@ -97,7 +97,7 @@ impl ForwardInput {
 impl Transformer {
     /// Final hidden states `[batch, L, d]` (after the last norm).
     pub fn hidden_states(&self, input: &ForwardInput) -> Tensor<3> {
-        self.hidden_states_cached(input, &mut KvCache::disabled())
+        self.hidden_states_cached(input, None)
     }
 
     /// Logits `[batch, L, vocab]`.
@@ -110,7 +110,7 @@ impl Transformer {
     /// tokens only; the cache remembers the mask of earlier ones. Decoding step by step gives the
     /// same logits as one full forward pass.
     pub fn forward_cached(&self, input: &ForwardInput, cache: &mut KvCache) -> Tensor<3> {
-        self.logits(self.hidden_states_cached(input, cache))
+        self.logits(self.hidden_states_cached(input, Some(cache)))
     }
 
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
@@ -120,21 +120,25 @@ impl Transformer {
         }
     }
 
-    fn hidden_states_cached(&self, input: &ForwardInput, cache: &mut KvCache) -> Tensor<3> {
+    fn hidden_states_cached(
+        &self,
+        input: &ForwardInput,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor<3> {
         let [b, l] = input.input_ids.dims();
         let device = input.input_ids.device();
         let mut x = self.embed_tokens.forward(input.input_ids.clone());
         let (cos, sin) = rope_tables(&self.rope_inv_freq, &input.position_ids, x.dtype());
-        let past = cache.len();
+        let past = cache.as_ref().map_or(0, |c| c.len);
         let total = past + l;
         // Key padding over all keys so far (true = masked), `[b, 1, 1, total]`.
         let new_mask = input
             .attention_mask
             .clone()
             .unwrap_or_else(|| Tensor::<2, Int>::ones([b, l], &device));
-        let key_mask = match (cache.enabled, cache.mask.take()) {
-            (true, Some(old)) => Tensor::cat(vec![old, new_mask], 1),
-            _ => new_mask,
+        let key_mask = match cache.as_mut().and_then(|c| c.mask.take()) {
+            Some(old) => Tensor::cat(vec![old, new_mask], 1),
+            None => new_mask,
         };
         // Causal mask aligned bottom-right: query i sees keys j <= past + i.
         let causal = Tensor::<2, Bool>::tril_mask([l, total], past as i64, &device)
@@ -146,17 +150,14 @@ impl Transformer {
             .unsqueeze_dim::<3>(1)
             .unsqueeze_dim::<4>(1);
         let mask = causal.bool_or(pad.expand([b, 1, l, total]));
-        if cache.enabled {
-            cache.mask = Some(key_mask);
-            cache.layers.resize_with(self.layers.len(), || None);
+        if let Some(c) = cache.as_mut() {
+            c.mask = Some(key_mask);
+            c.len = total;
+            c.layers.resize_with(self.layers.len(), || None);
         }
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_layernorm.forward(x.clone());
-            let slot = if cache.enabled {
-                cache.layers.get_mut(i)
-            } else {
-                None
-            };
+            let slot = cache.as_mut().and_then(|c| c.layers.get_mut(i));
             let h = self.attention(&layer.self_attn, h, (&cos, &sin), &mask, slot);
             x = x + h;
             let h = layer.post_attention_layernorm.forward(x.clone());
@@ -166,7 +167,6 @@ impl Transformer {
                 .forward(silu(m.gate_proj.forward(h.clone())) * m.up_proj.forward(h));
             x = x + h;
         }
-        cache.len = total;
         self.norm.forward(x)
     }
 
@@ -212,7 +212,6 @@ impl Transformer {
 /// left-padded: the cache keeps their attention mask).
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    enabled: bool,
     len: usize,
     layers: Vec<Option<(Tensor<4>, Tensor<4>)>>,
     mask: Option<Tensor<2, Int>>,
@@ -221,20 +220,12 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache.
     pub fn new() -> Self {
-        Self {
-            enabled: true,
-            ..Default::default()
-        }
-    }
-
-    /// A cache that stores nothing (plain full forward passes).
-    fn disabled() -> Self {
         Self::default()
     }
 
     /// Number of cached positions.
     pub fn len(&self) -> usize {
-        if self.enabled { self.len } else { 0 }
+        self.len
     }
 
     /// Whether nothing is cached yet.
