@@ -7,13 +7,19 @@
 //! - [`algo`] (`rlft-algo`): log-probs, ratios, clipping, the policy-loss registry, aggregation,
 //!   advantages, KL estimators, value loss, reward shaping, diagnostics.
 //! - [`model`] (`rlft-model`): the Llama-family transformer, loaded from Hugging Face
-//!   safetensors checkpoints.
+//!   safetensors checkpoints or GGUF files, with tokenizer, chat template, LoRA and export.
+//! - [`rollout`] (`rlft-rollout`): batched sampling with behaviour log-probs.
+//! - [`train`] (`rlft-train`): recipes, the RL loop, checkpoints, metrics and plots.
 //! - [`device`]: backend selection from a device string (`flex`, `wgpu:cpu`, `cuda:0`, ...).
 //! - [`parity`]: the runner that checks rlft against verl's golden cases.
 
 pub use rlft_algo as algo;
 pub use rlft_algo::device;
 pub use rlft_model as model;
+pub use rlft_rollout as rollout;
+pub use rlft_train as train;
+
+pub mod cli;
 
 pub mod parity;
 

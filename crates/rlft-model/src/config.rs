@@ -22,6 +22,9 @@ pub struct Llama3RopeScaling {
 /// The resolved architecture of a decoder-only transformer.
 #[derive(Config, Debug, PartialEq)]
 pub struct TransformerConfig {
+    /// HF `model_type` written on export (`llama`, `mistral`, `qwen2`, `qwen3`, ...).
+    #[config(default = "String::from(\"llama\")")]
+    pub model_type: String,
     /// Vocabulary size.
     pub vocab_size: usize,
     /// Model width `d`.
@@ -174,6 +177,7 @@ impl TransformerConfig {
             }
         };
         Ok(TransformerConfig {
+            model_type: model_type.clone(),
             vocab_size: hf.vocab_size,
             hidden_size: hf.hidden_size,
             intermediate_size: hf.intermediate_size,
@@ -188,6 +192,46 @@ impl TransformerConfig {
             attention_bias: hf.attention_bias.unwrap_or(model_type == "qwen2"),
             qk_norm: model_type == "qwen3",
             max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
+        })
+    }
+
+    /// The `config.json` transformers and vLLM read for this architecture.
+    pub fn to_hf_json(&self) -> serde_json::Value {
+        let (arch, model_type) = match self.model_type.as_str() {
+            "qwen2" => ("Qwen2ForCausalLM", "qwen2"),
+            "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
+            "mistral" => ("MistralForCausalLM", "mistral"),
+            _ => ("LlamaForCausalLM", "llama"),
+        };
+        let mut rope = serde_json::json!({"rope_type": "default", "rope_theta": self.rope_theta});
+        if let Some(s) = &self.rope_scaling {
+            rope = serde_json::json!({
+                "rope_type": "llama3", "rope_theta": self.rope_theta, "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings,
+            });
+        }
+        serde_json::json!({
+            "architectures": [arch],
+            "model_type": model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": if self.rope_scaling.is_some() { rope.clone() } else { serde_json::Value::Null },
+            "rope_parameters": rope,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "mlp_bias": false,
+            "max_position_embeddings": self.max_position_embeddings,
+            "torch_dtype": "float32",
+            "dtype": "float32",
         })
     }
 

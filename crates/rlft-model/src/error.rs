@@ -60,13 +60,29 @@ pub enum ModelError {
         names: Vec<String>,
     },
     /// A tensor's dtype cannot be converted.
-    #[error("tensor '{name}' has dtype {dtype}; supported: F32, F16, BF16")]
+    #[error(
+        "tensor '{name}' has dtype {dtype}; supported: F32, F16, BF16 (safetensors) and F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (GGUF)"
+    )]
     Dtype {
         /// Tensor name.
         name: String,
         /// The dtype found.
         dtype: String,
     },
+    /// A tokenizer file is missing or unusable.
+    #[error("tokenizer {path}: {msg}")]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A chat template does not compile or fails while rendering.
+    #[error("chat template: {0}")]
+    Template(String),
+    /// A LoRA configuration that cannot be applied.
+    #[error("LoRA: {0}")]
+    Lora(String),
     /// Inputs of the wrong shape.
     #[error("{0}")]
     Input(String),

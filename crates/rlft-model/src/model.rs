@@ -232,6 +232,27 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Keeps only the batch rows `rows` (in that order), e.g. to drop finished sequences from a
+    /// batched decode so they stop costing compute.
+    pub fn select_rows(&mut self, rows: &[usize]) {
+        let Some(mask) = self.mask.take() else {
+            return;
+        };
+        let device = mask.device();
+        let idx = Tensor::<1, Int>::from_data(
+            burn::tensor::TensorData::new(
+                rows.iter().map(|&r| r as i64).collect::<Vec<_>>(),
+                [rows.len()],
+            ),
+            &device,
+        );
+        self.mask = Some(mask.select(0, idx.clone()));
+        for (k, v) in self.layers.iter_mut().flatten() {
+            *k = k.clone().select(0, idx.clone());
+            *v = v.clone().select(0, idx.clone());
+        }
+    }
 }
 
 /// `cos` and `sin` tables `[batch, 1, L, hd]` for the given positions.

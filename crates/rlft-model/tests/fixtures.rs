@@ -3,7 +3,10 @@
 //! left-padded batch equal to the unpadded rows. Bad checkpoints are errors, never panics.
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use rlft_model::{ForwardInput, KvCache, ModelError, Transformer};
+use rlft_model::{
+    ChatMessage, ForwardInput, KvCache, LoraConfig, ModelError, Pretrained, Tokenizer, Transformer,
+    TransformerConfig,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -114,10 +117,12 @@ fn check_fixture(name: &str) {
     let text = std::fs::read_to_string(dir.join("expected.json")).expect("expected.json");
     let expected: Value = serde_json::from_str(&text).expect("json");
     let cases = expected["cases"].as_array().expect("cases");
+    let tokenizer = Tokenizer::from_hf_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
     let mut per_case = Vec::new();
     for case in cases {
         let case_name = &case["name"];
         let input_ids = ids(&case["input_ids"]);
+        check_tokenizer(&tokenizer, case, &input_ids);
         let n = input_ids.len();
         let input = ForwardInput::new(int2(input_ids.clone(), [1, n], &device));
         let (got, [_, _, v]) = logits(&model, input.clone());
@@ -182,6 +187,36 @@ fn check_fixture(name: &str) {
             "{name} left-padded row {row} via KV cache: max |Δ| = {diff}"
         );
     }
+}
+
+/// Tokenizer ids, chat rendering and greedy text against transformers.
+fn check_tokenizer(tokenizer: &Tokenizer, case: &Value, input_ids: &[i64]) {
+    let name = &case["name"];
+    let text = case["text"].as_str().expect("text");
+    if let Some(messages) = case["messages"].as_array() {
+        let messages: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| serde_json::from_value(m.clone()).expect("message"))
+            .collect();
+        let rendered = tokenizer
+            .apply_chat_template(&messages, true)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(rendered, text, "case {name}: chat prompt");
+    }
+    let got: Vec<i64> = tokenizer
+        .encode(text)
+        .expect("encode")
+        .into_iter()
+        .map(i64::from)
+        .collect();
+    assert_eq!(got, input_ids, "case {name}: tokenizer ids");
+    let greedy: Vec<u32> = ids(&case["greedy_ids"]).iter().map(|&i| i as u32).collect();
+    let decoded = tokenizer.decode(&greedy, false).expect("decode");
+    assert_eq!(
+        decoded,
+        case["greedy_text"].as_str().expect("greedy_text"),
+        "case {name}: decode"
+    );
 }
 
 #[test]
@@ -280,4 +315,113 @@ fn reference_copy_and_value_model() {
         .grad(&grads)
         .expect("value head gradient");
     assert!(g.abs().sum().into_scalar::<f32>() > 0.0);
+}
+
+/// Load → export → load gives identical logits, for every fixture, and the exported folder has
+/// what transformers reads.
+#[test]
+fn export_round_trip_is_exact() {
+    let device = Device::flex();
+    for name in ["tiny-llama", "tiny-llama-tied", "tiny-qwen2"] {
+        let src = fixtures().join(name);
+        let p = Pretrained::load(&src, &device, DType::F32).unwrap_or_else(|e| panic!("{e}"));
+        let out = std::env::temp_dir().join(format!("rlft-export-{name}-{}", std::process::id()));
+        p.save_hf(&out).unwrap_or_else(|e| panic!("{e}"));
+        for f in [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+            "generation_config.json",
+        ] {
+            assert!(out.join(f).exists(), "{name}: {f} written");
+        }
+        let q = Pretrained::load(&out, &device, DType::F32).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(q.config, p.config, "{name}: config round trip");
+        let ids = int2(vec![3, 99, 250, 17, 8], [1, 5], &device);
+        let input = ForwardInput::new(ids);
+        assert_eq!(
+            to_vec(p.model.forward(&input)),
+            to_vec(q.model.forward(&input)),
+            "{name}"
+        );
+        let text = "What is 7*8?";
+        assert_eq!(
+            p.tokenizer.encode(text).unwrap(),
+            q.tokenizer.encode(text).unwrap()
+        );
+        assert_eq!(q.tokenizer.eos_ids, p.tokenizer.eos_ids);
+        let msgs = [ChatMessage::user("hi")];
+        assert_eq!(
+            q.tokenizer.apply_chat_template(&msgs, true).unwrap(),
+            p.tokenizer.apply_chat_template(&msgs, true).unwrap()
+        );
+        std::fs::remove_dir_all(&out).ok();
+    }
+}
+
+/// LoRA: only adapters train, the adapted model starts equal to the base, and export merges the
+/// trained adapters into the weights.
+#[test]
+fn lora_trains_adapters_and_merges_on_export() {
+    let device = Device::flex().autodiff();
+    let src = fixtures().join("tiny-llama");
+    let p = Pretrained::load(&src, &device, DType::F32).expect("load");
+    let input = ForwardInput::new(int2(vec![5, 17, 42, 7], [1, 4], &device));
+    let base = to_vec(p.model.forward(&input));
+    let bad = LoraConfig::new(4, 8.0).with_target_modules(vec!["qproj".into()]);
+    let e = p.model.clone().with_lora(&bad).unwrap_err().to_string();
+    assert!(e.contains("'qproj' does not exist"), "{e}");
+    let cfg = LoraConfig::new(4, 8.0).with_target_modules(vec!["q_proj".into(), "up_proj".into()]);
+    let mut model = p.model.clone().with_lora(&cfg).expect("lora");
+    assert_eq!(to_vec(model.forward(&input)), base, "B = 0 at start");
+
+    // One SGD step on the adapters by hand.
+    use burn::module::Module;
+    use burn::optim::{GradientsParams, SgdConfig};
+    let loss = model.forward(&input).powi_scalar(2).mean();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let mut optim = SgdConfig::new().init();
+    model = optim.step(1e-1, model, grads);
+    let after = to_vec(model.forward(&input));
+    assert!(
+        max_diff(&after, &base) > 1e-4,
+        "adapters changed the output"
+    );
+    let embed_before = to_vec(p.model.embed_tokens.weight.val().unsqueeze::<3>());
+    let embed_after = to_vec(model.embed_tokens.weight.val().unsqueeze::<3>());
+    assert_eq!(embed_before, embed_after, "non-adapted weights are frozen");
+    assert!(
+        model.num_params() > p.model.num_params(),
+        "adapter parameters added"
+    );
+
+    let out = std::env::temp_dir().join(format!("rlft-lora-{}", std::process::id()));
+    model
+        .save_hf(&p.config, Some(&p.tokenizer), &out)
+        .expect("export");
+    let plain = Device::flex();
+    let merged = Pretrained::load(&out, &plain, DType::F32).expect("reload merged");
+    let input_plain = ForwardInput::new(int2(vec![5, 17, 42, 7], [1, 4], &plain));
+    let diff = max_diff(&to_vec(merged.model.forward(&input_plain)), &after);
+    assert!(
+        diff < 1e-4,
+        "merged export reproduces the adapted model: {diff}"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn random_init_and_unknown_model_type() {
+    let device = Device::flex();
+    let cfg = TransformerConfig::new(50, 16, 32, 2, 4, 2, 4);
+    let model = cfg.init(&device);
+    let out = model.forward(&ForwardInput::new(int2(vec![1, 2, 3], [1, 3], &device)));
+    assert_eq!(out.dims(), [1, 3, 50]);
+    let dir = broken_copy("model-type", |c| c["model_type"] = "gpt_neox".into());
+    let e = Transformer::from_hf_dir(&dir, &device, DType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model_type 'gpt_neox' is not supported"), "{e}");
 }

@@ -1,0 +1,69 @@
+//! SmolLM2-135M on the default device: one no-autodiff forward at 8 × 128 (full-vocabulary
+//! logits) and single decode steps at batch 1 and 8 with a 32-token KV cache.
+//!
+//! ```text
+//! ./scripts/fetch-smollm2.sh && cargo bench --bench model
+//! ```
+//! Skips (printing why) when the GGUF is missing. `RLFT_SMOLLM2_GGUF` overrides the path.
+
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use criterion::{Criterion, criterion_group, criterion_main};
+use rlft::model::{ForwardInput, KvCache, Pretrained};
+use std::path::PathBuf;
+
+fn model_path() -> Option<PathBuf> {
+    let p = std::env::var_os("RLFT_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    if p.exists() {
+        return Some(p);
+    }
+    eprintln!(
+        "skipped: {} missing; run scripts/fetch-smollm2.sh",
+        p.display()
+    );
+    None
+}
+
+fn ids(b: usize, t: usize, device: &burn::tensor::Device) -> Tensor<2, Int> {
+    let v: Vec<i64> = (0..b * t).map(|i| 17 + (i as i64 * 7919) % 40000).collect();
+    Tensor::from_data(TensorData::new(v, [b, t]), device)
+}
+
+fn bench(c: &mut Criterion) {
+    let Some(path) = model_path() else { return };
+    let device = rlft::device::resolve(None).expect("default device");
+    let p = Pretrained::load(&path, &device, DType::F32).expect("load SmolLM2");
+    let mut g = c.benchmark_group("smollm2_135m");
+    g.sample_size(10);
+    let input = ForwardInput::new(ids(8, 128, &device));
+    g.bench_function("forward_8x128", |b| {
+        b.iter(|| p.model.forward(&input).sum().into_scalar::<f32>())
+    });
+    for batch in [1usize, 8] {
+        let prompt = ForwardInput::new(ids(batch, 32, &device));
+        let mut cache = KvCache::new();
+        p.model.forward_cached(&prompt, &mut cache);
+        let step = ForwardInput {
+            input_ids: ids(batch, 1, &device),
+            position_ids: Tensor::from_data(
+                TensorData::new(vec![32i64; batch], [batch, 1]),
+                &device,
+            ),
+            attention_mask: None,
+        };
+        g.bench_function(format!("decode_step_b{batch}_ctx32"), |b| {
+            b.iter(|| {
+                let mut c = cache.clone();
+                p.model
+                    .forward_cached(&step, &mut c)
+                    .sum()
+                    .into_scalar::<f32>()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,201 @@
+//! Export to a Hugging Face checkpoint (`config.json`, `model.safetensors`, tokenizer files,
+//! `generation_config.json`) that transformers, vLLM and llama.cpp's converter read; and LoRA
+//! adapters through burn's `apply_lora`, merged into the weights on export.
+
+use crate::model::Transformer;
+use crate::{ModelError, Result, Tokenizer, TransformerConfig};
+use burn::config::Config;
+use burn::module::{Lora, Module, ParamGroup};
+use burn::tensor::Tensor;
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Projections LoRA can adapt, by their HF names.
+pub const LORA_TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// LoRA adapters: `W + (alpha / rank) · A·B` on the named projections; everything else frozen.
+#[derive(Config, Debug, PartialEq)]
+pub struct LoraConfig {
+    /// Rank of `A·B`.
+    pub rank: usize,
+    /// Scale numerator (the update is scaled by `alpha / rank`).
+    pub alpha: f64,
+    /// Projections to adapt (any of [`LORA_TARGETS`]).
+    #[config(
+        default = "vec![\"q_proj\".into(), \"k_proj\".into(), \"v_proj\".into(), \"o_proj\".into()]"
+    )]
+    pub target_modules: Vec<String>,
+}
+
+impl LoraConfig {
+    /// Checks rank, alpha and module names.
+    pub fn validate(&self) -> Result<()> {
+        if self.rank == 0 {
+            return Err(ModelError::Lora("rank must be at least 1".into()));
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return Err(ModelError::Lora(format!(
+                "alpha must be a positive number, got {}",
+                self.alpha
+            )));
+        }
+        if self.target_modules.is_empty() {
+            return Err(ModelError::Lora(format!(
+                "target_modules is empty; choose from {LORA_TARGETS:?}"
+            )));
+        }
+        for m in &self.target_modules {
+            if !LORA_TARGETS.contains(&m.as_str()) {
+                return Err(ModelError::Lora(format!(
+                    "target module '{m}' does not exist; choose from {LORA_TARGETS:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Transformer {
+    /// Attaches LoRA adapters to the projections in `cfg.target_modules` and freezes every other
+    /// weight: only the adapters train. [`Transformer::merged`] folds them back in.
+    pub fn with_lora(self, cfg: &LoraConfig) -> Result<Self> {
+        cfg.validate()?;
+        let group = ParamGroup::from_any_predicates(
+            cfg.target_modules
+                .iter()
+                .map(|m| format!(".{m}."))
+                .collect(),
+        );
+        Ok(self.apply_lora(Lora::new(cfg.rank, cfg.alpha).set_param_group(group)))
+    }
+
+    /// A plain copy with any LoRA adapters merged into the weights (no autodiff).
+    pub fn merged(&self) -> Self {
+        self.valid().materialize()
+    }
+
+    /// The weights under their Hugging Face names and shapes (`[out, in]` for projections),
+    /// as f32, LoRA merged.
+    pub fn hf_tensors(&self) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+        fn host<const D: usize>(t: Tensor<D>) -> (Vec<usize>, Vec<f32>) {
+            let shape = t.dims().to_vec();
+            let data = t.into_data().convert::<f32>();
+            (shape, data.try_into_vec::<f32>().expect("converted to f32"))
+        }
+        let m = self.merged();
+        let mut out = Vec::new();
+        let mut push =
+            |name: String, (shape, v): (Vec<usize>, Vec<f32>)| out.push((name, shape, v));
+        let linear = |l: &burn::nn::Linear| host(l.weight.val().transpose());
+        push(
+            "model.embed_tokens.weight".into(),
+            host(m.embed_tokens.weight.val()),
+        );
+        for (i, layer) in m.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let a = &layer.self_attn;
+            for (n, l) in [
+                ("q_proj", &a.q_proj),
+                ("k_proj", &a.k_proj),
+                ("v_proj", &a.v_proj),
+                ("o_proj", &a.o_proj),
+            ] {
+                push(format!("{p}.self_attn.{n}.weight"), linear(l));
+                if let Some(b) = &l.bias {
+                    push(format!("{p}.self_attn.{n}.bias"), host(b.val()));
+                }
+            }
+            for (n, norm) in [("q_norm", &a.q_norm), ("k_norm", &a.k_norm)] {
+                if let Some(norm) = norm {
+                    push(format!("{p}.self_attn.{n}.weight"), host(norm.gamma.val()));
+                }
+            }
+            let mlp = &layer.mlp;
+            for (n, l) in [
+                ("gate_proj", &mlp.gate_proj),
+                ("up_proj", &mlp.up_proj),
+                ("down_proj", &mlp.down_proj),
+            ] {
+                push(format!("{p}.mlp.{n}.weight"), linear(l));
+            }
+            push(
+                format!("{p}.input_layernorm.weight"),
+                host(layer.input_layernorm.gamma.val()),
+            );
+            push(
+                format!("{p}.post_attention_layernorm.weight"),
+                host(layer.post_attention_layernorm.gamma.val()),
+            );
+        }
+        push("model.norm.weight".into(), host(m.norm.gamma.val()));
+        if let Some(head) = &m.lm_head {
+            push("lm_head.weight".into(), linear(head));
+        }
+        out
+    }
+
+    /// Writes a Hugging Face checkpoint into `dir` (created if needed): `config.json`,
+    /// `model.safetensors` (f32, LoRA merged), `generation_config.json` and, given a tokenizer,
+    /// its files. Files are written under temporary names and renamed, so an interrupted export
+    /// never leaves a half-written `model.safetensors`.
+    pub fn save_hf(
+        &self,
+        config: &TransformerConfig,
+        tokenizer: Option<&Tokenizer>,
+        dir: &Path,
+    ) -> Result<()> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ModelError::Io { path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let write_atomic = |name: &str, bytes: &[u8]| -> Result<()> {
+            let tmp = dir.join(format!(".{name}.tmp"));
+            std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+            std::fs::rename(&tmp, dir.join(name)).map_err(io(&tmp))
+        };
+        let tensors = self.hf_tensors();
+        let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+            .into_iter()
+            .map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect()))
+            .collect();
+        let views = bytes
+            .iter()
+            .map(|(n, s, b)| {
+                TensorView::new(Dtype::F32, s.clone(), b)
+                    .map(|v| (n.clone(), v))
+                    .map_err(|e| ModelError::Input(format!("tensor {n}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+        let st = safetensors::serialize(views, Some(meta)).map_err(|e| ModelError::Weights {
+            path: dir.join("model.safetensors"),
+            msg: e.to_string(),
+        })?;
+        write_atomic("model.safetensors", &st)?;
+        let json = |v: &serde_json::Value| serde_json::to_vec_pretty(v).expect("JSON serialises");
+        write_atomic("config.json", &json(&config.to_hf_json()))?;
+        let mut generation = serde_json::json!({});
+        if let Some(t) = tokenizer {
+            generation["bos_token_id"] = serde_json::json!(t.bos_id);
+            generation["eos_token_id"] = match t.eos_ids.as_slice() {
+                [one] => serde_json::json!(one),
+                many => serde_json::json!(many),
+            };
+            generation["pad_token_id"] = serde_json::json!(t.pad_id.or(t.eos_ids.first().copied()));
+            t.save(dir)?;
+        }
+        write_atomic("generation_config.json", &json(&generation))?;
+        Ok(())
+    }
+}

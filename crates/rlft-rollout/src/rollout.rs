@@ -1,0 +1,285 @@
+//! The rollout engine: G samples per prompt, multi-turn environments, rewards; the
+//! [`Trajectory`] and [`Group`] types shared with the trainer.
+
+use crate::dataset::Example;
+use crate::env::{EnvStep, Environment};
+use crate::reward::{RewardInput, RewardOutcome, RewardSet};
+use crate::sampler::{FinishReason, Sampler, SamplingConfig};
+use crate::{Result, RolloutError};
+use burn::config::Config;
+use rlft_model::{Tokenizer, Transformer};
+use serde::{Deserialize, Serialize};
+
+/// Rollout settings.
+#[derive(Config, Debug, PartialEq)]
+pub struct RolloutConfig {
+    /// Responses per prompt (G).
+    #[config(default = 8)]
+    pub group_size: usize,
+    /// Prompts longer than this (in tokens) are skipped and counted, never truncated.
+    #[config(default = 512)]
+    pub max_prompt_len: usize,
+    /// Most model turns per episode (multi-turn environments).
+    #[config(default = 4)]
+    pub max_turns: usize,
+    /// Most response tokens per episode, model and observation tokens together.
+    #[config(default = 256)]
+    pub max_total_tokens: usize,
+    /// Sampling settings (`max_new_tokens` is per turn).
+    pub sampling: SamplingConfig,
+}
+
+/// One episode: the prompt, everything after it, and what the learner needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trajectory {
+    /// Prompt token ids.
+    pub prompt_ids: Vec<u32>,
+    /// Response token ids: model turns and tool observations in order.
+    pub response_ids: Vec<u32>,
+    /// 1 for model-generated tokens (trained on), 0 for observation tokens.
+    pub loss_mask: Vec<u8>,
+    /// `log μ` of each model token (0 for observations).
+    pub behaviour_logprobs: Vec<f32>,
+    /// Policy version that sampled it.
+    pub version: u64,
+    /// Why the last turn ended.
+    pub finish_reason: FinishReason,
+    /// Cut off by a length limit.
+    pub truncated: bool,
+    /// Total reward; `None` when the reward failed (excluded from the loss).
+    pub reward: Option<f64>,
+    /// Unweighted reward terms.
+    pub reward_terms: Vec<(String, f64)>,
+    /// Why the reward failed, if it did.
+    pub reward_error: Option<String>,
+    /// Index of its group in the batch.
+    pub group_id: usize,
+    /// Decoded response (observations included).
+    pub completion: String,
+    /// Model turns taken.
+    pub turns: usize,
+}
+
+impl Trajectory {
+    /// Number of model-generated tokens.
+    pub fn generated_len(&self) -> usize {
+        self.loss_mask.iter().filter(|&&m| m == 1).count()
+    }
+}
+
+/// The G trajectories of one prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    /// The example they answer.
+    pub example: Example,
+    /// The responses.
+    pub trajectories: Vec<Trajectory>,
+}
+
+impl Group {
+    /// Rewards of the scored trajectories.
+    pub fn rewards(&self) -> Vec<f64> {
+        self.trajectories.iter().filter_map(|t| t.reward).collect()
+    }
+}
+
+/// A batch of groups and what happened on the way.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RolloutBatch {
+    /// One group per kept prompt.
+    pub groups: Vec<Group>,
+    /// Prompts skipped for exceeding `max_prompt_len`.
+    pub skipped_prompts: usize,
+    /// Trajectories whose reward failed.
+    pub failed_rewards: usize,
+    /// Model tokens generated.
+    pub generated_tokens: usize,
+    /// Wall time spent generating.
+    pub generate_seconds: f64,
+}
+
+struct Episode {
+    group: usize,
+    context: Vec<u32>,
+    prompt_len: usize,
+    loss_mask: Vec<u8>,
+    logprobs: Vec<f32>,
+    finish: FinishReason,
+    truncated: bool,
+    done: bool,
+    turns: usize,
+    turn_start: usize,
+}
+
+/// Generates G responses for each example, runs the environment between turns and scores the
+/// results. `version` stamps the trajectories; `seed` makes the batch reproducible.
+#[allow(clippy::too_many_arguments)]
+pub fn rollout(
+    model: &Transformer,
+    tokenizer: &Tokenizer,
+    examples: &[Example],
+    env: &dyn Environment,
+    rewards: &RewardSet,
+    cfg: &RolloutConfig,
+    version: u64,
+    seed: u64,
+) -> Result<RolloutBatch> {
+    if cfg.group_size == 0 {
+        return Err(RolloutError::Config("group_size must be at least 1".into()));
+    }
+    let mut batch = RolloutBatch::default();
+    let mut kept = Vec::new();
+    let mut episodes = Vec::new();
+    for ex in examples {
+        let ids = tokenizer.encode(&ex.prompt.render(tokenizer)?)?;
+        if ids.is_empty() || ids.len() > cfg.max_prompt_len {
+            batch.skipped_prompts += 1;
+            continue;
+        }
+        for _ in 0..cfg.group_size {
+            episodes.push(Episode {
+                group: kept.len(),
+                prompt_len: ids.len(),
+                context: ids.clone(),
+                loss_mask: Vec::new(),
+                logprobs: Vec::new(),
+                finish: FinishReason::Length,
+                truncated: false,
+                done: false,
+                turns: 0,
+                turn_start: ids.len(),
+            });
+        }
+        kept.push(ex.clone());
+    }
+    let sampler = Sampler::new(model, Some(tokenizer));
+    let mut stop_strings = cfg.sampling.stop_strings.clone();
+    stop_strings.extend(env.stop_strings());
+    let start = std::time::Instant::now();
+    for turn in 0..cfg.max_turns.max(1) {
+        let active: Vec<usize> = (0..episodes.len()).filter(|&i| !episodes[i].done).collect();
+        if active.is_empty() {
+            break;
+        }
+        // Rows with the same remaining budget share a call (budgets differ after observations).
+        let mut by_budget: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for &i in &active {
+            let used = episodes[i].context.len() - episodes[i].prompt_len;
+            let budget = cfg
+                .sampling
+                .max_new_tokens
+                .min(cfg.max_total_tokens.saturating_sub(used));
+            by_budget.entry(budget).or_default().push(i);
+        }
+        for (budget, rows) in by_budget {
+            if budget == 0 {
+                for i in rows {
+                    episodes[i].done = true;
+                    episodes[i].truncated = true;
+                    episodes[i].finish = FinishReason::Length;
+                }
+                continue;
+            }
+            let prompts: Vec<Vec<u32>> =
+                rows.iter().map(|&i| episodes[i].context.clone()).collect();
+            let scfg = cfg
+                .sampling
+                .clone()
+                .with_max_new_tokens(budget)
+                .with_stop_strings(stop_strings.clone())
+                .with_seed(
+                    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (turn as u64) << 48 ^ budget as u64,
+                );
+            let out = sampler.generate(&prompts, &scfg)?;
+            for (&i, c) in rows.iter().zip(out) {
+                let e = &mut episodes[i];
+                batch.generated_tokens += c.tokens.len();
+                e.turn_start = e.context.len();
+                e.context.extend(&c.tokens);
+                e.loss_mask.extend(std::iter::repeat_n(1u8, c.tokens.len()));
+                e.logprobs.extend(&c.logprobs);
+                e.turns += 1;
+                e.finish = c.finish_reason;
+                e.truncated = c.finish_reason == FinishReason::Length;
+                e.done = c.finish_reason != FinishReason::Stop;
+            }
+        }
+        // The environment answers every row that stopped on a stop string.
+        for e in episodes.iter_mut().filter(|e| !e.done) {
+            let turn_text = tokenizer.decode(&e.context[e.turn_start..], false)?;
+            match env.step(&kept[e.group], &turn_text) {
+                EnvStep::Done => e.done = true,
+                EnvStep::Observation(_) if turn + 1 == cfg.max_turns => {
+                    // Out of turns: the model wanted to go on.
+                    e.done = true;
+                    e.truncated = true;
+                    e.finish = FinishReason::Length;
+                }
+                EnvStep::Observation(text) => {
+                    let obs = tokenizer.encode(&text)?;
+                    let used = e.context.len() - e.prompt_len;
+                    let room = cfg.max_total_tokens.saturating_sub(used);
+                    let n = obs.len().min(room);
+                    e.context.extend(&obs[..n]);
+                    e.loss_mask.extend(std::iter::repeat_n(0u8, n));
+                    e.logprobs.extend(std::iter::repeat_n(0.0f32, n));
+                    if n < obs.len() {
+                        e.done = true;
+                        e.truncated = true;
+                        e.finish = FinishReason::Length;
+                    }
+                }
+            }
+        }
+    }
+    batch.generate_seconds = start.elapsed().as_secs_f64();
+    let inputs = episodes
+        .iter()
+        .map(|e| {
+            let ex = &kept[e.group];
+            Ok(RewardInput {
+                prompt: ex.prompt.user_text().to_string(),
+                completion: tokenizer.decode(&e.context[e.prompt_len..], true)?,
+                answer: ex.answer.clone(),
+                metadata: ex.metadata.clone(),
+                response_len: e.loss_mask.iter().filter(|&&m| m == 1).count(),
+                truncated: e.truncated,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let completions: Vec<String> = inputs.iter().map(|i| i.completion.clone()).collect();
+    let outcomes = rewards.score(inputs);
+    let mut groups: Vec<Group> = kept
+        .into_iter()
+        .map(|example| Group {
+            example,
+            trajectories: Vec::new(),
+        })
+        .collect();
+    for ((e, outcome), completion) in episodes.into_iter().zip(outcomes).zip(completions) {
+        let (reward, reward_terms, reward_error) = match outcome {
+            RewardOutcome::Scored { total, terms } => (Some(total), terms, None),
+            RewardOutcome::Failed(why) => {
+                batch.failed_rewards += 1;
+                (None, Vec::new(), Some(why))
+            }
+        };
+        groups[e.group].trajectories.push(Trajectory {
+            prompt_ids: e.context[..e.prompt_len].to_vec(),
+            response_ids: e.context[e.prompt_len..].to_vec(),
+            loss_mask: e.loss_mask,
+            behaviour_logprobs: e.logprobs,
+            version,
+            finish_reason: e.finish,
+            truncated: e.truncated,
+            reward,
+            reward_terms,
+            reward_error,
+            group_id: e.group,
+            completion,
+            turns: e.turns,
+        });
+    }
+    batch.groups = groups;
+    Ok(batch)
+}

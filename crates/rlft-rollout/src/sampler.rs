@@ -1,0 +1,480 @@
+//! Batched sampling on the KV-cache model, recording the behaviour log-probs `log μ` of every
+//! sampled token.
+//!
+//! Each step moves one `[rows, vocab]` block of tempered log-probabilities to the host (the
+//! sampling itself needs it) and nothing else. Rows that finish are dropped from the batch and
+//! from the KV cache, so they stop costing compute.
+
+use crate::{Result, RolloutError};
+use burn::config::Config;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use rlft_model::{ForwardInput, KvCache, Tokenizer, Transformer};
+use serde::{Deserialize, Serialize};
+
+/// How to sample.
+#[derive(Config, Debug, PartialEq)]
+pub struct SamplingConfig {
+    /// Softmax temperature; `0` is greedy decoding.
+    #[config(default = 1.0)]
+    pub temperature: f64,
+    /// Keep only the `k` most likely tokens (`0`: off).
+    #[config(default = 0)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches `top_p` (`1`: off).
+    #[config(default = 1.0)]
+    pub top_p: f64,
+    /// Drop tokens less likely than `min_p` times the most likely one (`0`: off).
+    #[config(default = 0.0)]
+    pub min_p: f64,
+    /// Most tokens to generate per row.
+    #[config(default = 64)]
+    pub max_new_tokens: usize,
+    /// Extra token ids that end a row (besides the tokenizer's EOS ids).
+    #[config(default = "Vec::new()")]
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end a row as soon as the decoded completion contains one (they may span
+    /// several tokens).
+    #[config(default = "Vec::new()")]
+    pub stop_strings: Vec<String>,
+    /// Keep going past EOS (benchmarks).
+    #[config(default = false)]
+    pub ignore_eos: bool,
+    /// RNG seed: the same seed gives the same tokens on the same device.
+    #[config(default = 0)]
+    pub seed: u64,
+    /// After sampling, recompute `log μ` with one full forward pass over the finished batch in
+    /// the learner's layout (prompts left-padded, responses right-padded). Decode steps run other
+    /// matmul shapes than a full pass, so their f32 log-probs differ from the learner's by
+    /// ≈1e-5; rescoring makes μ exactly what the learner computes, for one extra forward pass.
+    #[config(default = false)]
+    pub rescore: bool,
+}
+
+impl SamplingConfig {
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(RolloutError::Config(m));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!("temperature must be ≥ 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..1.0).contains(&self.min_p) {
+            return bad(format!("min_p must be in [0, 1), got {}", self.min_p));
+        }
+        if self.max_new_tokens == 0 {
+            return bad("max_new_tokens must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Whether any filter (top-k, top-p, min-p) makes the sampling distribution differ from the
+    /// tempered softmax the learner recomputes.
+    pub fn has_filters(&self) -> bool {
+        self.top_k > 0 || self.top_p < 1.0 || self.min_p > 0.0
+    }
+}
+
+/// Why a row stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// An EOS token.
+    Eos,
+    /// A stop token id or stop string.
+    Stop,
+    /// `max_new_tokens` reached.
+    Length,
+}
+
+/// One sampled completion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    /// Generated token ids (the EOS / stop token included).
+    pub tokens: Vec<u32>,
+    /// `log μ(token)` under the full-vocabulary softmax after temperature (for greedy decoding,
+    /// temperature 1).
+    pub logprobs: Vec<f32>,
+    /// Why it stopped.
+    pub finish_reason: FinishReason,
+}
+
+impl Completion {
+    /// Cut off by `max_new_tokens` rather than ending on its own.
+    pub fn truncated(&self) -> bool {
+        self.finish_reason == FinishReason::Length
+    }
+}
+
+/// Batched generator over one model.
+pub struct Sampler<'a> {
+    model: &'a Transformer,
+    tokenizer: Option<&'a Tokenizer>,
+    eos_ids: Vec<u32>,
+    pad_id: u32,
+}
+
+/// Per-row decoding state.
+struct Row {
+    /// Index in the caller's batch.
+    index: usize,
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    position: i64,
+    /// Completion text decoded so far (only with stop strings).
+    text: String,
+}
+
+impl<'a> Sampler<'a> {
+    /// A sampler stopping at the tokenizer's EOS ids (pass `None` to never stop early and to
+    /// disable stop strings).
+    pub fn new(model: &'a Transformer, tokenizer: Option<&'a Tokenizer>) -> Self {
+        let eos_ids = tokenizer.map(|t| t.eos_ids.clone()).unwrap_or_default();
+        let pad_id = tokenizer
+            .and_then(|t| t.pad_id.or(t.eos_ids.first().copied()))
+            .unwrap_or(0);
+        Self {
+            model,
+            tokenizer,
+            eos_ids,
+            pad_id,
+        }
+    }
+
+    /// Samples one completion per prompt (prompts may differ in length: they are left-padded).
+    pub fn generate(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig) -> Result<Vec<Completion>> {
+        self.generate_with(prompts, cfg, |_, _| {})
+    }
+
+    /// As [`Sampler::generate`], calling `on_token(row, token)` as each token is chosen.
+    pub fn generate_with(
+        &self,
+        prompts: &[Vec<u32>],
+        cfg: &SamplingConfig,
+        mut on_token: impl FnMut(usize, u32),
+    ) -> Result<Vec<Completion>> {
+        cfg.validate()?;
+        if prompts.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(i) = prompts.iter().position(Vec::is_empty) {
+            return Err(RolloutError::Input(format!("prompt {i} is empty")));
+        }
+        if !cfg.stop_strings.is_empty() && self.tokenizer.is_none() {
+            return Err(RolloutError::Config(
+                "stop strings need a tokenizer to decode completions".into(),
+            ));
+        }
+        let device = self.model.embed_tokens.weight.device();
+        let mut rng = StdRng::seed_from_u64(cfg.seed);
+        let (b, lp) = (
+            prompts.len(),
+            prompts.iter().map(Vec::len).max().unwrap_or(0),
+        );
+        let mut ids = Vec::with_capacity(b * lp);
+        let mut mask = Vec::with_capacity(b * lp);
+        let mut pos = Vec::with_capacity(b * lp);
+        for p in prompts {
+            let pad = lp - p.len();
+            ids.extend(std::iter::repeat_n(self.pad_id as i64, pad));
+            ids.extend(p.iter().map(|&t| t as i64));
+            mask.extend(std::iter::repeat_n(0i64, pad).chain(std::iter::repeat_n(1, p.len())));
+            pos.extend(std::iter::repeat_n(0i64, pad).chain(0..p.len() as i64));
+        }
+        let int2 = |v: Vec<i64>, r: usize, c: usize| {
+            Tensor::<2, Int>::from_data(TensorData::new(v, [r, c]), &device)
+        };
+        let padded = prompts.iter().any(|p| p.len() < lp);
+        let mut input = ForwardInput {
+            input_ids: int2(ids, b, lp),
+            position_ids: int2(pos, b, lp),
+            attention_mask: padded.then(|| int2(mask, b, lp)),
+        };
+        let mut rows: Vec<Row> = prompts
+            .iter()
+            .enumerate()
+            .map(|(index, p)| Row {
+                index,
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                position: p.len() as i64,
+                text: String::new(),
+            })
+            .collect();
+        let mut done: Vec<Option<Completion>> = vec![None; b];
+        let mut cache = KvCache::new();
+        let temperature = if cfg.temperature > 0.0 {
+            cfg.temperature
+        } else {
+            1.0
+        };
+        let vocab = self.model.embed_tokens.weight.dims()[0];
+        while !rows.is_empty() {
+            let logits = self.model.forward_cached(&input, &mut cache);
+            let [n, l, v] = logits.dims();
+            let last = logits.narrow(1, l - 1, 1).reshape([n, v]);
+            let logp = log_softmax(last * (1.0 / temperature), 1);
+            let host = logp
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .map_err(|e| RolloutError::Input(format!("log-probs to host: {e:?}")))?;
+            let mut keep = Vec::with_capacity(rows.len());
+            for (r, row) in rows.iter_mut().enumerate() {
+                let lp_row = &host[r * v..(r + 1) * v];
+                let token = if cfg.temperature == 0.0 {
+                    argmax(lp_row)
+                } else {
+                    sample(lp_row, cfg, rng.random::<f64>())
+                };
+                debug_assert!(token < vocab);
+                row.tokens.push(token as u32);
+                row.logprobs.push(lp_row[token]);
+                on_token(row.index, token as u32);
+                let token = token as u32;
+                let finish = if !cfg.ignore_eos && self.eos_ids.contains(&token) {
+                    Some(FinishReason::Eos)
+                } else if cfg.stop_token_ids.contains(&token) || self.hits_stop_string(row, cfg)? {
+                    Some(FinishReason::Stop)
+                } else if row.tokens.len() >= cfg.max_new_tokens {
+                    Some(FinishReason::Length)
+                } else {
+                    None
+                };
+                match finish {
+                    Some(finish_reason) => {
+                        done[row.index] = Some(Completion {
+                            tokens: std::mem::take(&mut row.tokens),
+                            logprobs: std::mem::take(&mut row.logprobs),
+                            finish_reason,
+                        });
+                    }
+                    None => keep.push(r),
+                }
+            }
+            if keep.len() < rows.len() {
+                if keep.is_empty() {
+                    break;
+                }
+                cache.select_rows(&keep);
+                rows = std::mem::take(&mut rows)
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(r, _)| keep.binary_search(r).is_ok())
+                    .map(|(_, row)| row)
+                    .collect();
+            }
+            let n = rows.len();
+            let next: Vec<i64> = rows
+                .iter()
+                .map(|r| *r.tokens.last().expect("sampled") as i64)
+                .collect();
+            let pos: Vec<i64> = rows
+                .iter()
+                .map(|r| r.position + r.tokens.len() as i64 - 1)
+                .collect();
+            input = ForwardInput {
+                input_ids: int2(next, n, 1),
+                position_ids: int2(pos, n, 1),
+                // The cache remembers the prompt's padding; new tokens are all real.
+                attention_mask: None,
+            };
+        }
+        let mut done: Vec<Completion> = done
+            .into_iter()
+            .map(|c| c.expect("every row finishes"))
+            .collect();
+        if cfg.rescore {
+            self.rescore(prompts, &mut done, temperature)?;
+        }
+        Ok(done)
+    }
+
+    /// Replaces each completion's log-probs by those of one forward pass over
+    /// `[prompt (left-padded) | completion (right-padded)]`.
+    fn rescore(
+        &self,
+        prompts: &[Vec<u32>],
+        done: &mut [Completion],
+        temperature: f64,
+    ) -> Result<()> {
+        let device = self.model.embed_tokens.weight.device();
+        let pl = prompts.iter().map(Vec::len).max().unwrap_or(1);
+        let rl = done.iter().map(|c| c.tokens.len()).max().unwrap_or(1);
+        let (n, w) = (prompts.len(), pl + rl);
+        let mut ids = vec![self.pad_id as i64; n * w];
+        let mut mask = vec![0i64; n * w];
+        let mut pos = vec![0i64; n * w];
+        for (i, (p, c)) in prompts.iter().zip(done.iter()).enumerate() {
+            for (j, &t) in p.iter().chain(&c.tokens).enumerate() {
+                let col = pl - p.len() + j;
+                ids[i * w + col] = t as i64;
+                mask[i * w + col] = 1;
+                pos[i * w + col] = j as i64;
+            }
+        }
+        let labels: Vec<i64> = (0..n)
+            .flat_map(|i| ids[i * w + pl..(i + 1) * w].to_vec())
+            .collect();
+        let int2 = |v: Vec<i64>, c: usize| {
+            Tensor::<2, Int>::from_data(TensorData::new(v, [n, c]), &device)
+        };
+        let input = ForwardInput {
+            input_ids: int2(ids, w),
+            position_ids: int2(pos, w),
+            attention_mask: Some(int2(mask, w)),
+        };
+        let logits = self.model.forward(&input).narrow(1, pl - 1, rl);
+        let lp = rlft_algo::logprobs_from_logits(logits, int2(labels, rl), Some(temperature))
+            .map_err(|e| RolloutError::Input(format!("rescoring: {e}")))?
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .map_err(|e| RolloutError::Input(format!("log-probs to host: {e:?}")))?;
+        for (i, c) in done.iter_mut().enumerate() {
+            let k = c.tokens.len();
+            c.logprobs = lp[i * rl..i * rl + k].to_vec();
+        }
+        Ok(())
+    }
+
+    /// Decodes the row's newest token and checks whether the completion now contains a stop
+    /// string (including one spanning several tokens).
+    fn hits_stop_string(&self, row: &mut Row, cfg: &SamplingConfig) -> Result<bool> {
+        let Some(tok) = self.tokenizer.filter(|_| !cfg.stop_strings.is_empty()) else {
+            return Ok(false);
+        };
+        let before = row.text.len();
+        row.text = tok.decode(&row.tokens, false)?;
+        let longest = cfg.stop_strings.iter().map(String::len).max().unwrap_or(0);
+        // Only a window that includes the new text can hold a new match.
+        let mut from = before.saturating_sub(longest);
+        while !row.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        let tail = &row.text[from..];
+        Ok(cfg.stop_strings.iter().any(|s| tail.contains(s.as_str())))
+    }
+}
+
+fn argmax(x: &[f32]) -> usize {
+    x.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
+            if v > bv { (i, v) } else { (bi, bv) }
+        })
+        .0
+}
+
+/// Draws a token from log-probs `lp` with uniform variate `u ∈ [0, 1)`, applying top-k, min-p
+/// and top-p (in that order, as vLLM does) when set.
+fn sample(lp: &[f32], cfg: &SamplingConfig, u: f64) -> usize {
+    if !cfg.has_filters() {
+        // Inverse CDF over the full distribution.
+        let mut acc = 0.0f64;
+        let target = u * lp.iter().map(|&x| (x as f64).exp()).sum::<f64>();
+        let mut last = 0;
+        for (i, &x) in lp.iter().enumerate() {
+            let p = (x as f64).exp();
+            if p > 0.0 {
+                last = i;
+            }
+            acc += p;
+            if acc > target {
+                return i;
+            }
+        }
+        return last;
+    }
+    let mut idx: Vec<usize> = (0..lp.len()).collect();
+    if cfg.top_k > 0 && cfg.top_k < idx.len() {
+        idx.select_nth_unstable_by(cfg.top_k - 1, |&a, &b| lp[b].total_cmp(&lp[a]));
+        idx.truncate(cfg.top_k);
+    }
+    idx.sort_unstable_by(|&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
+    let max = lp[idx[0]] as f64;
+    let mut probs: Vec<f64> = idx.iter().map(|&i| (lp[i] as f64 - max).exp()).collect();
+    if cfg.min_p > 0.0 {
+        let keep = probs.iter().take_while(|&&p| p >= cfg.min_p).count().max(1);
+        probs.truncate(keep);
+    }
+    if cfg.top_p < 1.0 {
+        let total: f64 = probs.iter().sum();
+        let mut acc = 0.0;
+        let mut keep = probs.len();
+        for (i, p) in probs.iter().enumerate() {
+            acc += p / total;
+            if acc >= cfg.top_p {
+                keep = i + 1;
+                break;
+            }
+        }
+        probs.truncate(keep);
+    }
+    let target = u * probs.iter().sum::<f64>();
+    let mut acc = 0.0;
+    for (i, p) in probs.iter().enumerate() {
+        acc += p;
+        if acc > target {
+            return idx[i];
+        }
+    }
+    idx[probs.len() - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_norm(p: &[f64]) -> Vec<f32> {
+        let s: f64 = p.iter().sum();
+        p.iter().map(|x| (x / s).ln() as f32).collect()
+    }
+
+    #[test]
+    fn filters_follow_their_definitions() {
+        let lp = log_norm(&[0.05, 0.5, 0.3, 0.15]);
+        let base = SamplingConfig::new();
+        // Inverse CDF: u just below 0.05 picks token 0, just above picks 1.
+        assert_eq!(sample(&lp, &base, 0.049), 0);
+        assert_eq!(sample(&lp, &base, 0.051), 1);
+        assert_eq!(sample(&lp, &base, 0.999), 3);
+        let k1 = base.clone().with_top_k(1);
+        assert!((0..10).all(|i| sample(&lp, &k1, i as f64 / 10.0) == 1));
+        // top_p 0.8: {0.5, 0.3} — 0.5 + 0.3 reaches it.
+        let p = base.clone().with_top_p(0.8);
+        let picks: std::collections::BTreeSet<usize> = (0..100)
+            .map(|i| sample(&lp, &p, i as f64 / 100.0))
+            .collect();
+        assert_eq!(picks, [1, 2].into());
+        // min_p 0.5: tokens with p ≥ 0.25 → {0.5, 0.3}.
+        let m = base.with_min_p(0.5);
+        let picks: std::collections::BTreeSet<usize> = (0..100)
+            .map(|i| sample(&lp, &m, i as f64 / 100.0))
+            .collect();
+        assert_eq!(picks, [1, 2].into());
+        assert_eq!(argmax(&lp), 1);
+    }
+
+    #[test]
+    fn config_ranges_are_checked() {
+        assert!(SamplingConfig::new().with_top_p(0.0).validate().is_err());
+        assert!(
+            SamplingConfig::new()
+                .with_temperature(-1.0)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            SamplingConfig::new()
+                .with_max_new_tokens(0)
+                .validate()
+                .is_err()
+        );
+        assert!(SamplingConfig::new().validate().is_ok());
+    }
+}

@@ -1,0 +1,66 @@
+//! # rlft-train
+//!
+//! The product a user runs: a [`Recipe`] (TOML + `RLFT__…` environment + `--set` overrides)
+//! drives the synchronous RL loop — rollouts, rewards, DAPO dynamic sampling, advantages,
+//! π_old / reference log-probs, the registry loss with KL and entropy terms under gradient
+//! accumulation with global token normalisation, AdamW with grad-norm clipping and an LR
+//! schedule — with an optional SFT warm-up, a PPO critic, atomic checkpoints with exact resume,
+//! `metrics.jsonl`, a progress bar and plots.
+
+pub mod checkpoint;
+pub mod metrics;
+pub mod plot;
+pub mod recipe;
+pub mod trainer;
+
+pub use recipe::Recipe;
+pub use trainer::{Extensions, RunSummary, Trainer};
+
+use std::path::PathBuf;
+
+/// Errors from rlft-train. Each says what was wrong and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The recipe is invalid (unknown key, value out of range, unreadable file).
+    #[error("recipe: {0}")]
+    Recipe(String),
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A checkpoint cannot be used.
+    #[error("checkpoint {path}: {msg}")]
+    Checkpoint {
+        /// The checkpoint folder.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// Training diverged (NaN/Inf losses or gradients several steps in a row).
+    #[error("{0}")]
+    Diverged(String),
+    /// From rlft-algo.
+    #[error(transparent)]
+    Algo(#[from] rlft_algo::AlgoError),
+    /// From rlft-model.
+    #[error(transparent)]
+    Model(#[from] rlft_model::ModelError),
+    /// From rlft-rollout.
+    #[error(transparent)]
+    Rollout(#[from] rlft_rollout::RolloutError),
+    /// JSON (de)serialisation.
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Result alias for rlft-train.
+pub type Result<T, E = TrainError> = std::result::Result<T, E>;
+
+pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> TrainError {
+    let path = path.into();
+    move |source| TrainError::Io { path, source }
+}

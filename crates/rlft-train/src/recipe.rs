@@ -1,0 +1,689 @@
+//! Recipes: a TOML file, then `RLFT__SECTION__KEY` environment variables, then `--set a.b=value`
+//! overrides, merged with the `config` crate into serde structs. Unknown keys are rejected naming
+//! the nearest valid key; every value is range-checked before any model is loaded.
+
+use crate::{Result, TrainError};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A whole training run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Recipe {
+    /// Seeds model init, data order, sampling.
+    pub seed: u64,
+    /// Where metrics, checkpoints and the final model go.
+    pub output_dir: PathBuf,
+    /// Device string (`auto`, `flex`, `wgpu`, `cuda:0`, ...).
+    pub device: String,
+    /// The policy.
+    pub model: ModelSection,
+    /// The task or dataset.
+    pub task: TaskSection,
+    /// Sampling.
+    pub rollout: RolloutSection,
+    /// The RL algorithm.
+    pub algorithm: AlgorithmSection,
+    /// AdamW.
+    pub optimizer: OptimizerSection,
+    /// Steps and learning-rate schedule.
+    pub schedule: ScheduleSection,
+    /// Supervised warm-up before RL.
+    pub sft: SftSection,
+    /// Checkpointing.
+    pub checkpoint: CheckpointSection,
+    /// Held-out evaluation.
+    pub eval: EvalSection,
+    /// Console output.
+    pub logging: LoggingSection,
+}
+
+impl Default for Recipe {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            output_dir: "runs/default".into(),
+            device: "auto".into(),
+            model: ModelSection::default(),
+            task: TaskSection::default(),
+            rollout: RolloutSection::default(),
+            algorithm: AlgorithmSection::default(),
+            optimizer: OptimizerSection::default(),
+            schedule: ScheduleSection::default(),
+            sft: SftSection::default(),
+            checkpoint: CheckpointSection::default(),
+            eval: EvalSection::default(),
+            logging: LoggingSection::default(),
+        }
+    }
+}
+
+/// The policy model.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// HF checkpoint folder or `.gguf` file; empty: a new model from `[model.scratch]`.
+    pub path: String,
+    /// Architecture of a model trained from scratch (byte-level tokenizer built in).
+    pub scratch: ScratchSection,
+    /// LoRA adapters (rank 0: full fine-tuning).
+    pub lora: LoraSection,
+    /// Add a value head and train a critic (PPO with GAE).
+    pub critic: bool,
+}
+
+/// A small Llama-style model trained from scratch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScratchSection {
+    /// Width.
+    pub hidden_size: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// SwiGLU width.
+    pub intermediate_size: usize,
+}
+
+impl Default for ScratchSection {
+    fn default() -> Self {
+        Self {
+            hidden_size: 64,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            intermediate_size: 128,
+        }
+    }
+}
+
+/// LoRA settings (`rank = 0` switches LoRA off).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSection {
+    /// Rank; 0 = off.
+    pub rank: usize,
+    /// Scale numerator.
+    pub alpha: f64,
+    /// Projections to adapt.
+    pub target_modules: Vec<String>,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        Self {
+            rank: 0,
+            alpha: 16.0,
+            target_modules: ["q_proj", "k_proj", "v_proj", "o_proj"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+}
+
+/// Where prompts come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TaskSection {
+    /// Built-in task (`arithmetic`, `countdown`, `calculator_tool`).
+    pub name: String,
+    /// 1 to 3.
+    pub difficulty: u32,
+    /// Operations for `arithmetic`.
+    pub ops: Vec<String>,
+    /// Chat-formatted prompts (needs a chat template).
+    pub chat: bool,
+    /// A JSONL dataset instead of the built-in generator (answers checked by the task verifier
+    /// named in `name`; `arithmetic` takes the last number).
+    pub dataset: String,
+}
+
+impl Default for TaskSection {
+    fn default() -> Self {
+        Self {
+            name: "arithmetic".into(),
+            difficulty: 1,
+            ops: vec!["+".into(), "-".into(), "*".into()],
+            chat: false,
+            dataset: String::new(),
+        }
+    }
+}
+
+/// Sampling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RolloutSection {
+    /// Prompts per RL step.
+    pub prompts_per_step: usize,
+    /// Responses per prompt (G).
+    pub group_size: usize,
+    /// Longest prompt (longer ones are skipped and counted).
+    pub max_prompt_len: usize,
+    /// Most new tokens per turn.
+    pub max_new_tokens: usize,
+    /// Most model turns (multi-turn tasks).
+    pub max_turns: usize,
+    /// Most response tokens per episode.
+    pub max_total_tokens: usize,
+    /// Sampling temperature (also applied to the learner's logits).
+    pub temperature: f64,
+    /// Top-k (0 = off). A filter makes μ differ from the learner's distribution.
+    pub top_k: usize,
+    /// Top-p (1 = off).
+    pub top_p: f64,
+    /// Min-p (0 = off).
+    pub min_p: f64,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        Self {
+            prompts_per_step: 8,
+            group_size: 8,
+            max_prompt_len: 256,
+            max_new_tokens: 64,
+            max_turns: 1,
+            max_total_tokens: 256,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+        }
+    }
+}
+
+/// The RL algorithm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlgorithmSection {
+    /// Loss or preset from the registry (`grpo`, `dr_grpo`, `dapo`, `gspo`, `cispo`, `ctpo`,
+    /// `ppo`, ...).
+    pub loss: String,
+    /// `token`, `sequence` or `cumulative`; empty: the preset's.
+    pub ratio_level: String,
+    /// Lower clip ε (negative: the preset's).
+    pub clip_low: f64,
+    /// Upper clip ε (negative: the preset's).
+    pub clip_high: f64,
+    /// Aggregation (`token_mean`, `seq_mean_token_mean`, ...); empty: the preset's.
+    pub aggregation: String,
+    /// Advantage estimator (`grpo`, `dr_grpo`, `rloo`, `gae`, ...); empty: the preset's.
+    pub advantage: String,
+    /// KL coefficient β (0 = no reference model).
+    pub kl_coef: f64,
+    /// KL estimator (`k1`, `k2`, `k3`, `abs`, ...).
+    pub kl_estimator: String,
+    /// `loss` (β·KL in the loss) or `reward` (−β·KL per token in the reward).
+    pub kl_placement: String,
+    /// Entropy bonus α.
+    pub entropy_coef: f64,
+    /// Policy updates per batch.
+    pub ppo_epochs: usize,
+    /// Mini-batches per epoch (one optimiser step each).
+    pub mini_batches: usize,
+    /// Sequences per micro-batch (gradient accumulation inside a mini-batch).
+    pub micro_batch_size: usize,
+    /// DAPO dynamic sampling: drop groups whose rewards are all equal and sample more.
+    pub dynamic_sampling: bool,
+    /// Most generation rounds per step when dynamic sampling refills the batch.
+    pub max_gen_batches: usize,
+    /// DAPO overlong shaping: ramp length before `rollout.max_new_tokens` (0 = off).
+    pub overlong_cache_len: usize,
+    /// DAPO overlong penalty at the limit.
+    pub overlong_factor: f64,
+    /// DAPO overlong filtering: truncated responses get no gradient.
+    pub overlong_filter: bool,
+    /// GAE γ (PPO with a critic).
+    pub gamma: f64,
+    /// GAE λ.
+    pub lam: f64,
+    /// Value-loss coefficient.
+    pub value_coef: f64,
+    /// Value clip range.
+    pub value_clip: f64,
+}
+
+impl Default for AlgorithmSection {
+    fn default() -> Self {
+        Self {
+            loss: "grpo".into(),
+            ratio_level: String::new(),
+            clip_low: -1.0,
+            clip_high: -1.0,
+            aggregation: String::new(),
+            advantage: String::new(),
+            kl_coef: 0.0,
+            kl_estimator: "k3".into(),
+            kl_placement: "loss".into(),
+            entropy_coef: 0.0,
+            ppo_epochs: 1,
+            mini_batches: 1,
+            micro_batch_size: 64,
+            dynamic_sampling: false,
+            max_gen_batches: 3,
+            overlong_cache_len: 0,
+            overlong_factor: 1.0,
+            overlong_filter: false,
+            gamma: 1.0,
+            lam: 0.95,
+            value_coef: 0.5,
+            value_clip: 0.2,
+        }
+    }
+}
+
+/// AdamW.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimizerSection {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Adam β1.
+    pub beta1: f64,
+    /// Adam β2.
+    pub beta2: f64,
+    /// Adam ε.
+    pub eps: f64,
+    /// Gradient-norm clip (0 = off).
+    pub grad_clip: f64,
+}
+
+impl Default for OptimizerSection {
+    fn default() -> Self {
+        Self {
+            lr: 1e-6,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            grad_clip: 1.0,
+        }
+    }
+}
+
+/// Steps and LR schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScheduleSection {
+    /// RL steps.
+    pub steps: usize,
+    /// `constant`, `linear_warmup` or `cosine` (both with warm-up).
+    pub kind: String,
+    /// Warm-up steps.
+    pub warmup_steps: usize,
+    /// Cosine floor as a fraction of the peak.
+    pub min_lr_ratio: f64,
+}
+
+impl Default for ScheduleSection {
+    fn default() -> Self {
+        Self {
+            steps: 100,
+            kind: "constant".into(),
+            warmup_steps: 0,
+            min_lr_ratio: 0.0,
+        }
+    }
+}
+
+/// Supervised warm-up on the task's reference completions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SftSection {
+    /// Steps (0 = none).
+    pub steps: usize,
+    /// Examples per step.
+    pub batch_size: usize,
+    /// Learning rate.
+    pub lr: f64,
+}
+
+impl Default for SftSection {
+    fn default() -> Self {
+        Self {
+            steps: 0,
+            batch_size: 32,
+            lr: 1e-3,
+        }
+    }
+}
+
+/// Checkpointing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckpointSection {
+    /// Save every N RL steps (0: only at the end).
+    pub every: usize,
+    /// Checkpoints kept.
+    pub keep: usize,
+    /// Export the final policy as an HF checkpoint to `output_dir/final`.
+    pub export_final: bool,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        Self {
+            every: 0,
+            keep: 2,
+            export_final: true,
+        }
+    }
+}
+
+/// Held-out evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalSection {
+    /// Evaluate every N RL steps (0: only at step 0 and the end).
+    pub every: usize,
+    /// Held-out problems.
+    pub size: usize,
+    /// Samples per problem for `eval/mean_at_k` (temperature sampling).
+    pub k: usize,
+}
+
+impl Default for EvalSection {
+    fn default() -> Self {
+        Self {
+            every: 0,
+            size: 64,
+            k: 4,
+        }
+    }
+}
+
+/// Console output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoggingSection {
+    /// Show the progress bar.
+    pub progress: bool,
+}
+
+impl Default for LoggingSection {
+    fn default() -> Self {
+        Self { progress: true }
+    }
+}
+
+/// Prefix of recipe environment variables (`RLFT__ALGORITHM__KL_COEF=0.01`).
+pub const ENV_PREFIX: &str = "RLFT";
+
+impl Recipe {
+    /// Loads `path`, applies `RLFT__…` environment variables and then `overrides`
+    /// (`a.b=value`, value parsed as TOML, else taken as a string), checks every key and value.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+        if !path.exists() {
+            return Err(TrainError::Recipe(format!(
+                "{}: no such file",
+                path.display()
+            )));
+        }
+        let source = config::File::from(path).format(config::FileFormat::Toml);
+        Self::build(source, &path.display().to_string(), overrides)
+    }
+
+    /// As [`Recipe::load`], from TOML text (e.g. the recipe stored in a checkpoint).
+    pub fn from_toml_str(text: &str, overrides: &[String]) -> Result<Self> {
+        let source = config::File::from_str(text, config::FileFormat::Toml);
+        Self::build(source, "<recipe>", overrides)
+    }
+
+    fn build<S: config::Source + Send + Sync + 'static>(
+        source: S,
+        name: &str,
+        overrides: &[String],
+    ) -> Result<Self> {
+        let path = Path::new(name);
+        let mut builder = config::Config::builder().add_source(source).add_source(
+            config::Environment::with_prefix(ENV_PREFIX)
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true),
+        );
+        for o in overrides {
+            let (key, value) = o.split_once('=').ok_or_else(|| {
+                TrainError::Recipe(format!(
+                    "--set {o:?}: expected KEY=VALUE, e.g. algorithm.kl_coef=0.01"
+                ))
+            })?;
+            builder = builder
+                .set_override(key.trim(), toml_value(value.trim()))
+                .map_err(|e| TrainError::Recipe(format!("--set {o:?}: {e}")))?;
+        }
+        let merged = builder
+            .build()
+            .map_err(|e| TrainError::Recipe(format!("{}: {e}", path.display())))?;
+        let value: serde_json::Value = merged
+            .try_deserialize()
+            .map_err(|e| TrainError::Recipe(format!("{}: {e}", path.display())))?;
+        let value = lowercase_keys_checked(value, &serde_json::to_value(Recipe::default())?, "")?;
+        let recipe: Recipe = serde_json::from_value(value)
+            .map_err(|e| TrainError::Recipe(format!("{}: {e}", path.display())))?;
+        recipe.validate()?;
+        Ok(recipe)
+    }
+
+    /// Checks every value's range against the built-in losses; messages say what is allowed.
+    pub fn validate(&self) -> Result<()> {
+        self.validate_with(&rlft_algo::loss::LossRegistry::with_builtins())
+    }
+
+    /// As [`Recipe::validate`], looking `algorithm.loss` up in `registry`.
+    pub fn validate_with(&self, registry: &rlft_algo::loss::LossRegistry) -> Result<()> {
+        let bad = |key: &str, msg: String| Err(TrainError::Recipe(format!("{key}: {msg}")));
+        let r = &self.rollout;
+        let a = &self.algorithm;
+        if r.prompts_per_step == 0 {
+            return bad("rollout.prompts_per_step", "must be at least 1".into());
+        }
+        if r.group_size < 2 && !self.model.critic {
+            return bad(
+                "rollout.group_size",
+                format!(
+                    "must be at least 2 for group baselines, got {}",
+                    r.group_size
+                ),
+            );
+        }
+        if r.max_new_tokens == 0 || r.max_turns == 0 || r.max_total_tokens == 0 {
+            return bad(
+                "rollout",
+                "max_new_tokens, max_turns and max_total_tokens must be ≥ 1".into(),
+            );
+        }
+        rlft_rollout::SamplingConfig::new()
+            .with_temperature(r.temperature)
+            .with_top_k(r.top_k)
+            .with_top_p(r.top_p)
+            .with_min_p(r.min_p)
+            .validate()
+            .or_else(|e| bad("rollout", e.to_string()))?;
+        if r.temperature == 0.0 {
+            return bad(
+                "rollout.temperature",
+                "must be > 0 for RL sampling (0 is greedy)".into(),
+            );
+        }
+        for (k, v) in [
+            ("algorithm.kl_coef", a.kl_coef),
+            ("algorithm.entropy_coef", a.entropy_coef),
+            ("algorithm.value_coef", a.value_coef),
+            ("algorithm.overlong_factor", a.overlong_factor),
+            ("optimizer.weight_decay", self.optimizer.weight_decay),
+            ("optimizer.grad_clip", self.optimizer.grad_clip),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(k, format!("must be a finite number ≥ 0, got {v}"));
+            }
+        }
+        for (k, v) in [("optimizer.lr", self.optimizer.lr), ("sft.lr", self.sft.lr)] {
+            if !(v.is_finite() && v > 0.0 && v < 1.0) {
+                return bad(k, format!("must be in (0, 1), got {v}"));
+            }
+        }
+        for (k, v) in [
+            ("optimizer.beta1", self.optimizer.beta1),
+            ("optimizer.beta2", self.optimizer.beta2),
+        ] {
+            if !(0.0..1.0).contains(&v) {
+                return bad(k, format!("must be in [0, 1), got {v}"));
+            }
+        }
+        if self.optimizer.eps.is_nan() || self.optimizer.eps <= 0.0 {
+            return bad("optimizer.eps", "must be > 0".into());
+        }
+        if !(0.0..=1.0).contains(&a.gamma) || !(0.0..=1.0).contains(&a.lam) {
+            return bad("algorithm.gamma/lam", "must be in [0, 1]".into());
+        }
+        if a.ppo_epochs == 0 || a.mini_batches == 0 || a.micro_batch_size == 0 {
+            return bad(
+                "algorithm",
+                "ppo_epochs, mini_batches and micro_batch_size must be ≥ 1".into(),
+            );
+        }
+        if a.dynamic_sampling && a.max_gen_batches == 0 {
+            return bad(
+                "algorithm.max_gen_batches",
+                "must be ≥ 1 with dynamic sampling".into(),
+            );
+        }
+        if a.overlong_cache_len > r.max_new_tokens {
+            return bad(
+                "algorithm.overlong_cache_len",
+                format!("must be ≤ rollout.max_new_tokens ({})", r.max_new_tokens),
+            );
+        }
+        if !["loss", "reward"].contains(&a.kl_placement.as_str()) {
+            return bad(
+                "algorithm.kl_placement",
+                format!("'{}': use 'loss' or 'reward'", a.kl_placement),
+            );
+        }
+        if !["constant", "linear_warmup", "cosine"].contains(&self.schedule.kind.as_str()) {
+            return bad(
+                "schedule.kind",
+                format!(
+                    "'{}': use constant, linear_warmup or cosine",
+                    self.schedule.kind
+                ),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.schedule.min_lr_ratio) {
+            return bad("schedule.min_lr_ratio", "must be in [0, 1]".into());
+        }
+        if self.model.lora.rank > 0 {
+            rlft_model::LoraConfig::new(self.model.lora.rank, self.model.lora.alpha)
+                .with_target_modules(self.model.lora.target_modules.clone())
+                .validate()
+                .or_else(|e| bad("model.lora", e.to_string()))?;
+        }
+        let s = &self.model.scratch;
+        if s.heads == 0
+            || s.kv_heads == 0
+            || !s.heads.is_multiple_of(s.kv_heads)
+            || !s.hidden_size.is_multiple_of(s.heads)
+        {
+            return bad(
+                "model.scratch",
+                "heads must divide hidden_size and be a multiple of kv_heads".into(),
+            );
+        }
+        rlft_rollout::TaskKind::parse(&self.task.name)
+            .map(|_| ())
+            .or_else(|e| bad("task.name", e.to_string()))?;
+        if !(1..=3).contains(&self.task.difficulty) {
+            return bad(
+                "task.difficulty",
+                format!("must be 1, 2 or 3, got {}", self.task.difficulty),
+            );
+        }
+        for op in &self.task.ops {
+            if !["+", "-", "*"].contains(&op.as_str()) {
+                return bad(
+                    "task.ops",
+                    format!("'{op}': use any of \"+\", \"-\", \"*\""),
+                );
+            }
+        }
+        if self.eval.size == 0 {
+            return bad("eval.size", "must be at least 1".into());
+        }
+        if self.checkpoint.keep == 0 {
+            return bad("checkpoint.keep", "must be at least 1".into());
+        }
+        crate::trainer::resolve_algorithm(self, registry)?;
+        Ok(())
+    }
+}
+
+/// Parses an override value as TOML (numbers, booleans, arrays, quoted strings), falling back
+/// to the raw string.
+fn toml_value(raw: &str) -> config::Value {
+    let doc = format!("v = {raw}");
+    match doc.parse::<toml::Table>() {
+        Ok(t) => match t.get("v") {
+            Some(v) => toml_to_config(v),
+            None => raw.into(),
+        },
+        Err(_) => raw.into(),
+    }
+}
+
+fn toml_to_config(v: &toml::Value) -> config::Value {
+    match v {
+        toml::Value::String(s) => s.clone().into(),
+        toml::Value::Integer(i) => (*i).into(),
+        toml::Value::Float(f) => (*f).into(),
+        toml::Value::Boolean(b) => (*b).into(),
+        toml::Value::Array(a) => a.iter().map(toml_to_config).collect::<Vec<_>>().into(),
+        other => other.to_string().into(),
+    }
+}
+
+/// Checks `value`'s keys against the default recipe's (the schema), recursively, naming the
+/// nearest valid key for an unknown one. (`config` lowercases environment keys, which all
+/// recipe keys are anyway.)
+fn lowercase_keys_checked(
+    value: serde_json::Value,
+    schema: &serde_json::Value,
+    path: &str,
+) -> Result<serde_json::Value> {
+    let (serde_json::Value::Object(map), serde_json::Value::Object(known)) = (&value, schema)
+    else {
+        return Ok(value);
+    };
+    let mut out = serde_json::Map::new();
+    for (k, v) in map {
+        let full = if path.is_empty() {
+            k.clone()
+        } else {
+            format!("{path}.{k}")
+        };
+        let Some(s) = known.get(k) else {
+            let nearest = known
+                .keys()
+                .map(|c| (strsim::levenshtein(c, k), c))
+                .min()
+                .map(|(_, c)| {
+                    if path.is_empty() {
+                        c.clone()
+                    } else {
+                        format!("{path}.{c}")
+                    }
+                })
+                .unwrap_or_default();
+            return Err(TrainError::Recipe(format!(
+                "unknown key '{full}'; did you mean '{nearest}'?"
+            )));
+        };
+        out.insert(k.clone(), lowercase_keys_checked(v.clone(), s, &full)?);
+    }
+    Ok(serde_json::Value::Object(out))
+}

@@ -1,0 +1,1193 @@
+//! The synchronous RL loop.
+//!
+//! Per step: sample prompts → G rollouts each (policy version = step) → rewards (+ DAPO overlong
+//! shaping) → DAPO dynamic sampling → advantages → π_old log-probs (μ reused when the batch is
+//! used for one update, recomputed otherwise) → reference log-probs → `ppo_epochs` ×
+//! `mini_batches` optimiser steps, each accumulating micro-batch gradients under global token
+//! normalisation → metrics, eval, checkpoint. Every random choice is a function of
+//! `(seed, step)`, so a resumed run repeats an uninterrupted one exactly.
+
+use crate::checkpoint::{self, TrainerState};
+use crate::metrics::{MetricsLog, StepMetrics};
+use crate::recipe::Recipe;
+use crate::{Result, TrainError, io_err};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use rlft_algo::advantage::{AdvantageEstimator, AdvantageInput};
+use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
+use rlft_algo::kl::{KlEstimator, kl_penalty};
+use rlft_algo::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
+use rlft_algo::ratio::RatioLevel;
+use rlft_algo::shaping::OverlongPenalty;
+use rlft_algo::{entropy_from_logits, logprobs_from_logits};
+use rlft_model::{
+    ForwardInput, LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel,
+};
+use rlft_rollout::{
+    DataCursor, DataLoader, Dataset, Environment, Example, Group, RewardSet, RolloutConfig,
+    SamplingConfig, Split, Task, TaskKind, Trajectory, rollout,
+};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Skipped (NaN/Inf) steps in a row that stop the run.
+pub const MAX_BAD_STEPS_IN_ROW: usize = 3;
+
+/// The loss, its settings and the advantage estimator a recipe selects.
+#[derive(Debug, Clone)]
+pub struct ResolvedAlgorithm {
+    /// Registry name.
+    pub loss: String,
+    /// Loss settings (preset, then recipe overrides).
+    pub config: PolicyLossConfig,
+    /// Advantage estimator.
+    pub advantage: AdvantageEstimator,
+}
+
+/// Resolves `[algorithm]` against `registry` (also run by [`Recipe::validate_with`]).
+pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<ResolvedAlgorithm> {
+    let a = &recipe.algorithm;
+    let preset = registry
+        .resolve(&a.loss)
+        .map_err(|e| TrainError::Recipe(format!("algorithm.loss: {e}")))?;
+    let mut c = preset.config.clone();
+    if a.clip_low >= 0.0 {
+        c.clip_ratio_low = a.clip_low;
+    }
+    if a.clip_high >= 0.0 {
+        c.clip_ratio_high = a.clip_high;
+    }
+    if !a.ratio_level.is_empty() {
+        c.ratio_level = a
+            .ratio_level
+            .parse::<RatioLevel>()
+            .map_err(|e| TrainError::Recipe(format!("algorithm.ratio_level: {e}")))?;
+    }
+    if !a.aggregation.is_empty() {
+        c.aggregation = a
+            .aggregation
+            .parse::<LossAggregation>()
+            .map_err(|e| TrainError::Recipe(format!("algorithm.aggregation: {e}")))?;
+    }
+    c.kl_estimator = a
+        .kl_estimator
+        .parse::<KlEstimator>()
+        .map_err(|e| TrainError::Recipe(format!("algorithm.kl_estimator: {e}")))?;
+    c.kl_coef = if a.kl_placement == "loss" {
+        a.kl_coef
+    } else {
+        0.0
+    };
+    c.entropy_coef = a.entropy_coef;
+    preset
+        .validate(&c)
+        .map_err(|e| TrainError::Recipe(format!("algorithm: {e}")))?;
+    let mut advantage = preset.advantage;
+    if !a.advantage.is_empty() {
+        advantage = AdvantageEstimator::from_name(&a.advantage)
+            .map_err(|e| TrainError::Recipe(format!("algorithm.advantage: {e}")))?;
+    }
+    if let AdvantageEstimator::Gae { .. } = advantage {
+        advantage = AdvantageEstimator::Gae {
+            gamma: a.gamma,
+            lam: a.lam,
+        };
+        if !recipe.model.critic {
+            return Err(TrainError::Recipe(
+                "algorithm.advantage = 'gae' needs a critic: set model.critic = true".into(),
+            ));
+        }
+    }
+    Ok(ResolvedAlgorithm {
+        loss: a.loss.clone(),
+        config: c,
+        advantage,
+    })
+}
+
+/// What a downstream trainer adds to a recipe: its own losses and reward terms.
+#[derive(Clone)]
+pub struct Extensions {
+    /// The loss registry (built-ins plus anything registered); `algorithm.loss` is looked up here.
+    pub registry: LossRegistry,
+    /// Extra weighted reward terms added to the task's verifier.
+    pub rewards: Vec<(f64, Arc<dyn rlft_rollout::Reward>)>,
+}
+
+impl Default for Extensions {
+    fn default() -> Self {
+        Self {
+            registry: LossRegistry::with_builtins(),
+            rewards: Vec::new(),
+        }
+    }
+}
+
+/// What a finished (or interrupted) run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// RL steps completed.
+    pub steps: usize,
+    /// Steps skipped for NaN/Inf.
+    pub skipped_steps: usize,
+    /// Stopped by Ctrl-C (a checkpoint was written).
+    pub interrupted: bool,
+    /// Held-out accuracy at RL step 0 and at the end.
+    pub eval_first_last: Option<(f64, f64)>,
+    /// The metrics summary table.
+    pub table: String,
+    /// The exported HF checkpoint, if any.
+    pub exported: Option<PathBuf>,
+}
+
+/// One trajectory prepared for the learner (host vectors over its response tokens).
+struct Row {
+    ids: Vec<i64>,
+    prompt_len: usize,
+    mask: Vec<f32>,
+    old_lp: Vec<f32>,
+    ref_lp: Option<Vec<f32>>,
+    adv: Vec<f32>,
+    old_values: Option<Vec<f32>>,
+    returns: Option<Vec<f32>>,
+}
+
+impl Row {
+    fn resp_len(&self) -> usize {
+        self.mask.len()
+    }
+}
+
+/// A trainer built from a recipe.
+pub struct Trainer {
+    recipe: Recipe,
+    device: Device,
+    plain: Device,
+    /// The policy (on the autodiff device).
+    pub policy: Transformer,
+    critic: Option<ValueModel>,
+    reference: Option<Transformer>,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    config: TransformerConfig,
+    optim: ModuleOptimizer,
+    critic_optim: Option<ModuleOptimizer>,
+    task: Task,
+    env: Arc<dyn Environment>,
+    rewards: RewardSet,
+    train_set: Dataset,
+    eval_set: Vec<Example>,
+    loader: DataLoader,
+    algo: ResolvedAlgorithm,
+    registry: LossRegistry,
+    state: TrainerState,
+}
+
+/// AdamW with the recipe's settings (gradient clipping is done by the trainer, which also
+/// needs the norm for metrics and NaN checks).
+fn adamw(o: &crate::recipe::OptimizerSection) -> ModuleOptimizer {
+    AdamWConfig::new()
+        .with_beta_1(o.beta1 as f32)
+        .with_beta_2(o.beta2 as f32)
+        .with_epsilon(o.eps as f32)
+        .with_weight_decay(o.weight_decay as f32)
+        .init()
+}
+
+impl Trainer {
+    /// Builds everything a recipe describes (model, reference, critic, task, data), and loads
+    /// the checkpoint at `resume` if given. The recipe was validated when loaded.
+    pub fn new(recipe: Recipe, resume: Option<&Path>) -> Result<Self> {
+        Self::with_extensions(recipe, resume, Extensions::default())
+    }
+
+    /// As [`Trainer::new`], with custom losses and reward terms.
+    pub fn with_extensions(recipe: Recipe, resume: Option<&Path>, ext: Extensions) -> Result<Self> {
+        recipe.validate_with(&ext.registry)?;
+        let algo = resolve_algorithm(&recipe, &ext.registry)?;
+        let plain = rlft_algo::device::resolve(Some(&recipe.device))?;
+        let device = plain.clone().autodiff();
+        device.seed(recipe.seed);
+        let out = &recipe.output_dir;
+        if resume.is_none()
+            && out.exists()
+            && std::fs::read_dir(out)
+                .map_err(io_err(out))?
+                .next()
+                .is_some()
+        {
+            return Err(TrainError::Recipe(format!(
+                "output_dir {} exists and is not empty; choose another output_dir or pass --resume {}",
+                out.display(),
+                out.display()
+            )));
+        }
+        std::fs::create_dir_all(out).map_err(io_err(out))?;
+        let (policy, tokenizer, config) = if recipe.model.path.is_empty() {
+            let tokenizer = Tokenizer::byte_level();
+            let s = &recipe.model.scratch;
+            let config = TransformerConfig::new(
+                tokenizer.vocab_size(),
+                s.hidden_size,
+                s.intermediate_size,
+                s.layers,
+                s.heads,
+                s.kv_heads,
+                s.hidden_size / s.heads,
+            )
+            .with_tie_word_embeddings(true)
+            .with_max_position_embeddings(1024);
+            (config.init_seeded(&device, recipe.seed), tokenizer, config)
+        } else {
+            let p = Pretrained::load(Path::new(&recipe.model.path), &device, DType::F32)?;
+            (p.model, p.tokenizer, p.config)
+        };
+        let policy = if recipe.model.lora.rank > 0 {
+            let l = &recipe.model.lora;
+            policy.with_lora(
+                &LoraConfig::new(l.rank, l.alpha).with_target_modules(l.target_modules.clone()),
+            )?
+        } else {
+            policy
+        };
+        let reference = (recipe.algorithm.kl_coef > 0.0).then(|| policy.reference_copy(&plain));
+        let critic = recipe
+            .model
+            .critic
+            .then(|| ValueModel::from_trunk(policy.clone(), &device));
+        let mut task = Task::new(TaskKind::parse(&recipe.task.name)?, recipe.task.difficulty)?;
+        task.ops = recipe
+            .task
+            .ops
+            .iter()
+            .filter_map(|o| o.chars().next())
+            .collect();
+        task.chat = recipe.task.chat;
+        task.seed = recipe.seed;
+        if task.chat && tokenizer.chat_template.is_none() {
+            return Err(TrainError::Recipe(
+                "task.chat = true but the model has no chat template".into(),
+            ));
+        }
+        let train_set = if recipe.task.dataset.is_empty() {
+            Dataset {
+                examples: task.examples(Split::Train, 4096),
+            }
+        } else {
+            Dataset::from_jsonl(Path::new(&recipe.task.dataset))?
+        };
+        let eval_set = task.examples(Split::Test, recipe.eval.size);
+        let mut state = TrainerState {
+            step: 0,
+            cursor: DataCursor::default(),
+            skipped_steps: 0,
+            bad_in_row: 0,
+            sft_done: false,
+            recipe: toml::to_string(&recipe).unwrap_or_default(),
+        };
+        let mut trainer = Self {
+            env: task.environment(),
+            rewards: ext
+                .rewards
+                .iter()
+                .fold(task.rewards(), |set, (w, r)| set.with_arc(*w, r.clone())),
+            loader: DataLoader::new(train_set.len(), recipe.seed, DataCursor::default())?,
+            optim: adamw(&recipe.optimizer),
+            critic_optim: recipe.model.critic.then(|| adamw(&recipe.optimizer)),
+            registry: ext.registry,
+            recipe,
+            device,
+            plain,
+            policy,
+            critic,
+            reference,
+            tokenizer,
+            config,
+            task,
+            train_set,
+            eval_set,
+            algo,
+            state: state.clone(),
+        };
+        if let Some(path) = resume {
+            let dir = checkpoint::locate(path)?;
+            state = checkpoint::read_state(&dir)?;
+            trainer.load_checkpoint(&dir, state)?;
+        }
+        if trainer.recipe.rollout.top_k > 0
+            || trainer.recipe.rollout.top_p < 1.0
+            || trainer.recipe.rollout.min_p > 0.0
+        {
+            eprintln!(
+                "warning: top_k/top_p/min_p filter the sampling distribution, so the behaviour \
+                 log-probs μ are not the learner's tempered softmax; ratios are biased"
+            );
+        }
+        Ok(trainer)
+    }
+
+    fn load_checkpoint(&mut self, dir: &Path, state: TrainerState) -> Result<()> {
+        let err = |msg: String| TrainError::Checkpoint {
+            path: dir.into(),
+            msg,
+        };
+        self.policy = self
+            .policy
+            .clone()
+            .try_load_file(dir.join(checkpoint::POLICY_FILE))
+            .map_err(|e| {
+                err(format!(
+                    "policy weights do not fit this recipe's model: {e:?}"
+                ))
+            })?;
+        self.optim = adamw(&self.recipe.optimizer)
+            .load(dir.join(checkpoint::OPTIM_FILE))
+            .map_err(|e| err(format!("optimizer state: {e:?}")))?;
+        if let Some(c) = self.critic.take() {
+            self.critic = Some(
+                c.try_load_file(dir.join(checkpoint::CRITIC_FILE))
+                    .map_err(|e| err(format!("critic weights: {e:?}")))?,
+            );
+            self.critic_optim = Some(
+                adamw(&self.recipe.optimizer)
+                    .load(dir.join(checkpoint::CRITIC_OPTIM_FILE))
+                    .map_err(|e| err(format!("critic optimizer state: {e:?}")))?,
+            );
+        }
+        self.loader = DataLoader::new(self.train_set.len(), self.recipe.seed, state.cursor)?;
+        self.state = state;
+        Ok(())
+    }
+
+    fn save_checkpoint(&mut self) -> Result<PathBuf> {
+        self.state.cursor = self.loader.cursor();
+        let policy = self.policy.clone();
+        let optim = &self.optim;
+        let critic = self.critic.clone();
+        let critic_optim = &self.critic_optim;
+        checkpoint::save(
+            &self.recipe.output_dir,
+            &self.state,
+            self.recipe.checkpoint.keep,
+            |dir| {
+                let e = |what: &str, m: String| TrainError::Checkpoint {
+                    path: dir.into(),
+                    msg: format!("cannot write {what}: {m}"),
+                };
+                policy
+                    .save_file(dir.join(checkpoint::POLICY_FILE))
+                    .map_err(|x| e("policy", format!("{x:?}")))?;
+                optim
+                    .save(dir.join(checkpoint::OPTIM_FILE))
+                    .map_err(|x| e("optimizer", format!("{x:?}")))?;
+                if let (Some(c), Some(o)) = (critic, critic_optim) {
+                    c.save_file(dir.join(checkpoint::CRITIC_FILE))
+                        .map_err(|x| e("critic", format!("{x:?}")))?;
+                    o.save(dir.join(checkpoint::CRITIC_OPTIM_FILE))
+                        .map_err(|x| e("critic optimizer", format!("{x:?}")))?;
+                }
+                Ok(())
+            },
+        )
+    }
+
+    fn lr(&self, step: usize) -> f64 {
+        let s = &self.recipe.schedule;
+        let peak = self.recipe.optimizer.lr;
+        if step < s.warmup_steps {
+            return peak * (step + 1) as f64 / s.warmup_steps as f64;
+        }
+        match s.kind.as_str() {
+            "cosine" => {
+                let span = s.steps.saturating_sub(s.warmup_steps).max(1) as f64;
+                let t = ((step - s.warmup_steps) as f64 / span).min(1.0);
+                let floor = peak * s.min_lr_ratio;
+                floor + (peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+            }
+            "linear_warmup" => peak,
+            _ => peak,
+        }
+    }
+
+    fn sampling(&self) -> SamplingConfig {
+        let r = &self.recipe.rollout;
+        SamplingConfig::new()
+            .with_temperature(r.temperature)
+            .with_top_k(r.top_k)
+            .with_top_p(r.top_p)
+            .with_min_p(r.min_p)
+            .with_max_new_tokens(r.max_new_tokens)
+    }
+
+    fn rollout_config(&self, group_size: usize, sampling: SamplingConfig) -> RolloutConfig {
+        let r = &self.recipe.rollout;
+        RolloutConfig::new(sampling)
+            .with_group_size(group_size)
+            .with_max_prompt_len(r.max_prompt_len)
+            .with_max_turns(r.max_turns)
+            .with_max_total_tokens(r.max_total_tokens)
+    }
+
+    /// Held-out greedy pass@1 and mean accuracy over `k` samples.
+    fn evaluate(&self, step: usize) -> Result<(f64, f64)> {
+        let model = self.policy.valid();
+        let run = |group: usize, sampling: SamplingConfig| -> Result<f64> {
+            let mut correct = 0.0;
+            let mut n = 0.0;
+            for chunk in self.eval_set.chunks(32) {
+                let cfg = self.rollout_config(group, sampling.clone());
+                let b = rollout(
+                    &model,
+                    &self.tokenizer,
+                    chunk,
+                    self.env.as_ref(),
+                    &self.rewards,
+                    &cfg,
+                    step as u64,
+                    self.recipe.seed ^ 0xE7A1 ^ (step as u64) << 20,
+                )?;
+                for t in b.groups.iter().flat_map(|g| &g.trajectories) {
+                    n += 1.0;
+                    correct += is_correct(t);
+                }
+            }
+            Ok(if n > 0.0 { correct / n } else { 0.0 })
+        };
+        let greedy = run(1, self.sampling().with_temperature(0.0))?;
+        let mean_k = run(self.recipe.eval.k.max(1), self.sampling())?;
+        Ok((greedy, mean_k))
+    }
+
+    /// Supervised warm-up on the task's reference completions (`sft.steps` steps), logged to
+    /// `output_dir/sft_metrics.jsonl`.
+    fn sft(&mut self) -> Result<()> {
+        let s = self.recipe.sft.clone();
+        if s.steps == 0 || self.state.sft_done {
+            return Ok(());
+        }
+        let path = self.recipe.output_dir.join("sft_metrics.jsonl");
+        let mut log = MetricsLog::open(&path, None)?;
+        let mut optim = adamw(&crate::recipe::OptimizerSection {
+            lr: s.lr,
+            weight_decay: 0.0,
+            ..self.recipe.optimizer.clone()
+        });
+        let eos = self.tokenizer.eos_ids.first().copied().unwrap_or(0);
+        for step in 0..s.steps {
+            let start = Instant::now();
+            let mut rows = Vec::with_capacity(s.batch_size);
+            for i in 0..s.batch_size {
+                let ex = self
+                    .task
+                    .example(Split::Train, 1_000_000 + (step * s.batch_size + i) as u64);
+                let prompt = self.tokenizer.encode(&ex.prompt.render(&self.tokenizer)?)?;
+                let mut resp = Vec::new();
+                let mut mask = Vec::new();
+                for (text, obs) in self.task.reference_turns(&ex) {
+                    let ids = self.tokenizer.encode(&text)?;
+                    mask.extend(std::iter::repeat_n(if obs { 0.0 } else { 1.0 }, ids.len()));
+                    resp.extend(ids);
+                }
+                resp.push(eos);
+                mask.push(1.0);
+                let n = resp.len();
+                rows.push(Row {
+                    ids: prompt.iter().chain(&resp).map(|&t| t as i64).collect(),
+                    prompt_len: prompt.len(),
+                    mask,
+                    old_lp: vec![0.0; n],
+                    ref_lp: None,
+                    adv: vec![0.0; n],
+                    old_values: None,
+                    returns: None,
+                });
+            }
+            let refs: Vec<&Row> = rows.iter().collect();
+            let (ids, mask) = self.pack(&refs, |r| &r.mask);
+            let logits = ids.response(self.policy.forward(&ids.input()));
+            let lp = logprobs_from_logits(logits, ids.targets(), None)?;
+            let tokens: f32 = rows.iter().map(|r| r.mask.iter().sum::<f32>()).sum();
+            let loss = (lp * mask).sum().neg() * (1.0 / tokens.max(1.0));
+            let loss_v: f32 = loss.clone().into_scalar();
+            let grads = GradientsParams::from_grads(loss.backward(), &self.policy);
+            let (grads, norm) = clip_grads(grads, &self.policy, 1.0);
+            if norm.is_finite() && loss_v.is_finite() {
+                self.policy = optim.step(s.lr, self.policy.clone(), grads);
+            }
+            let mut m = StepMetrics::new();
+            m.insert("step".into(), json!(step + 1));
+            m.insert("loss".into(), json!(loss_v));
+            m.insert("grad_norm".into(), json!(norm));
+            m.insert("lr".into(), json!(s.lr));
+            m.insert("time/step_s".into(), json!(start.elapsed().as_secs_f64()));
+            log.write(m)?;
+        }
+        self.state.sft_done = true;
+        Ok(())
+    }
+
+    /// Runs the recipe to its last step (or until `stop` is set: then a checkpoint is written
+    /// and the summary says `interrupted`).
+    pub fn run(&mut self, stop: Option<Arc<AtomicBool>>) -> Result<RunSummary> {
+        let out = self.recipe.output_dir.clone();
+        self.sft()?;
+        let resumed = self.state.step > 0;
+        let mut log = MetricsLog::open(
+            &out.join("metrics.jsonl"),
+            resumed.then_some(self.state.step),
+        )?;
+        let steps = self.recipe.schedule.steps;
+        let bar = if self.recipe.logging.progress {
+            let b = indicatif::ProgressBar::new(steps as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+            b.set_position(self.state.step as u64);
+            b
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        if self.state.step == 0 {
+            let (acc, mean_k) = self.evaluate(0)?;
+            let mut m = StepMetrics::new();
+            m.insert("step".into(), json!(0));
+            m.insert("eval/accuracy".into(), json!(acc));
+            m.insert("eval/mean_at_k".into(), json!(mean_k));
+            log.write(m)?;
+        }
+        let mut interrupted = false;
+        while self.state.step < steps {
+            let step = self.state.step + 1;
+            let mut m = self.step(step)?;
+            self.state.step = step;
+            let eval_every = self.recipe.eval.every;
+            if step == steps || (eval_every > 0 && step.is_multiple_of(eval_every)) {
+                let (acc, mean_k) = self.evaluate(step)?;
+                m.insert("eval/accuracy".into(), json!(acc));
+                m.insert("eval/mean_at_k".into(), json!(mean_k));
+            }
+            bar.set_message(format!(
+                "reward {:.3} kl {:.4} {:.0} tok/s",
+                m["reward/mean"].as_f64().unwrap_or(f64::NAN),
+                m["kl"].as_f64().unwrap_or(0.0),
+                m["tokens_per_s"].as_f64().unwrap_or(0.0)
+            ));
+            bar.set_position(step as u64);
+            log.write(m)?;
+            let every = self.recipe.checkpoint.every;
+            let stopping = stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
+            if self.state.bad_in_row >= MAX_BAD_STEPS_IN_ROW {
+                let dir = self.save_checkpoint()?;
+                bar.abandon();
+                return Err(TrainError::Diverged(format!(
+                    "{} steps in a row had NaN/Inf loss or gradients (weights left untouched); \
+                     checkpoint {}; lower optimizer.lr or raise optimizer.grad_clip",
+                    self.state.bad_in_row,
+                    dir.display()
+                )));
+            }
+            if step == steps || stopping || (every > 0 && step.is_multiple_of(every)) {
+                self.save_checkpoint()?;
+            }
+            if stopping && step < steps {
+                interrupted = true;
+                break;
+            }
+        }
+        bar.finish_and_clear();
+        let exported = if self.recipe.checkpoint.export_final && !interrupted {
+            let dir = out.join("final");
+            self.policy
+                .save_hf(&self.config, Some(&self.tokenizer), &dir)?;
+            Some(dir)
+        } else {
+            None
+        };
+        let evals: Vec<f64> = log
+            .history
+            .iter()
+            .filter_map(|m| m.get("eval/accuracy")?.as_f64())
+            .collect();
+        Ok(RunSummary {
+            steps: self.state.step,
+            skipped_steps: self.state.skipped_steps,
+            interrupted,
+            eval_first_last: evals.first().zip(evals.last()).map(|(a, b)| (*a, *b)),
+            table: log.summary(),
+            exported,
+        })
+    }
+
+    /// Collects one batch of groups: with dynamic sampling, zero-spread groups are dropped and
+    /// more prompts are sampled, up to `max_gen_batches` rounds.
+    fn collect(&mut self, step: usize) -> Result<(Vec<Group>, usize, usize, usize, f64)> {
+        let r = self.recipe.rollout.clone();
+        let a = self.recipe.algorithm.clone();
+        let model = self.policy.valid();
+        let cfg = self.rollout_config(r.group_size, self.sampling());
+        let mut kept: Vec<Group> = Vec::new();
+        let (mut filtered, mut failed, mut tokens, mut secs) = (0, 0, 0, 0.0);
+        let rounds = if a.dynamic_sampling {
+            a.max_gen_batches
+        } else {
+            1
+        };
+        for round in 0..rounds {
+            let need = r.prompts_per_step - kept.len();
+            let idx = self.loader.next_indices(need);
+            let examples: Vec<Example> = idx
+                .iter()
+                .map(|&i| self.train_set.examples[i].clone())
+                .collect();
+            let seed =
+                self.recipe.seed.wrapping_mul(0x100_0000_01b3) ^ (step as u64) << 16 ^ round as u64;
+            let b = rollout(
+                &model,
+                &self.tokenizer,
+                &examples,
+                self.env.as_ref(),
+                &self.rewards,
+                &cfg,
+                step as u64,
+                seed,
+            )?;
+            failed += b.failed_rewards;
+            tokens += b.generated_tokens;
+            secs += b.generate_seconds;
+            for g in b.groups {
+                let rewards = g.rewards();
+                let spread = rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+                    - rewards.iter().copied().fold(f64::INFINITY, f64::min);
+                if a.dynamic_sampling && (spread.is_nan() || spread <= 1e-9) {
+                    filtered += 1;
+                } else {
+                    kept.push(g);
+                }
+            }
+            if kept.len() >= r.prompts_per_step {
+                break;
+            }
+        }
+        Ok((kept, filtered, failed, tokens, secs))
+    }
+
+    fn step(&mut self, step: usize) -> Result<StepMetrics> {
+        let t0 = Instant::now();
+        let (groups, filtered, failed, gen_tokens, gen_secs) = self.collect(step)?;
+        let a = self.recipe.algorithm.clone();
+        let r = self.recipe.rollout.clone();
+        // Reward statistics over every scored trajectory (before shaping).
+        let trajs: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
+        let scored: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
+        let (mean, std) = mean_std(&scored);
+        let acc = if trajs.is_empty() {
+            0.0
+        } else {
+            trajs.iter().map(|t| is_correct(t)).sum::<f64>() / trajs.len() as f64
+        };
+        let lens: Vec<f64> = trajs.iter().map(|t| t.generated_len() as f64).collect();
+        let overlong = (a.overlong_cache_len > 0)
+            .then(|| {
+                OverlongPenalty::new(r.max_new_tokens, a.overlong_cache_len, a.overlong_factor)
+            })
+            .transpose()?;
+        // Learner rows: scored trajectories only.
+        let mut rows = Vec::new();
+        let mut group_ids = Vec::new();
+        let mut rewards = Vec::new();
+        for (gi, g) in groups.iter().enumerate() {
+            for t in g.trajectories.iter().filter(|t| t.reward.is_some()) {
+                let mut reward = t.reward.unwrap_or(0.0);
+                if let Some(p) = &overlong {
+                    reward += p.penalty(t.generated_len());
+                }
+                let filter = a.overlong_filter && t.truncated;
+                rows.push(Row {
+                    ids: t
+                        .prompt_ids
+                        .iter()
+                        .chain(&t.response_ids)
+                        .map(|&x| x as i64)
+                        .collect(),
+                    prompt_len: t.prompt_ids.len(),
+                    mask: t
+                        .loss_mask
+                        .iter()
+                        .map(|&m| if filter { 0.0 } else { f32::from(m) })
+                        .collect(),
+                    old_lp: t.behaviour_logprobs.clone(),
+                    ref_lp: None,
+                    adv: Vec::new(),
+                    old_values: None,
+                    returns: None,
+                });
+                group_ids.push(gi as u64);
+                rewards.push(reward);
+            }
+        }
+        let mut m = StepMetrics::new();
+        m.insert("step".into(), json!(step));
+        m.insert("reward/mean".into(), json!(mean));
+        m.insert("reward/std".into(), json!(std));
+        m.insert("accuracy".into(), json!(acc));
+        m.insert("response_len/mean".into(), json!(mean_std(&lens).0));
+        m.insert(
+            "response_len/max".into(),
+            json!(lens.iter().copied().fold(0.0, f64::max)),
+        );
+        m.insert("groups/filtered".into(), json!(filtered));
+        m.insert("reward/failed".into(), json!(failed));
+        let lr = self.lr(step - 1);
+        m.insert("lr".into(), json!(lr));
+        m.insert(
+            "tokens_per_s".into(),
+            json!(gen_tokens as f64 / gen_secs.max(1e-9)),
+        );
+        m.insert("time/generate_s".into(), json!(gen_secs));
+        let t_train = Instant::now();
+        let stats = if rows.is_empty() {
+            None
+        } else {
+            self.prepare(&mut rows, &group_ids, &rewards)?;
+            Some(self.update(&rows, lr)?)
+        };
+        let (clip_low, clip_high, kl, entropy, grad_norm, value_loss, bad) =
+            stats.unwrap_or((0.0, 0.0, 0.0, 0.0, 0.0, None, false));
+        if bad {
+            self.state.skipped_steps += 1;
+            self.state.bad_in_row += 1;
+        } else {
+            self.state.bad_in_row = 0;
+        }
+        m.insert("clip_frac/low".into(), json!(clip_low));
+        m.insert("clip_frac/high".into(), json!(clip_high));
+        m.insert("kl".into(), json!(kl));
+        m.insert("entropy".into(), json!(entropy));
+        m.insert("grad_norm".into(), json!(grad_norm));
+        if let Some(v) = value_loss {
+            m.insert("value_loss".into(), json!(v));
+        }
+        m.insert("skipped_steps".into(), json!(self.state.skipped_steps));
+        m.insert(
+            "time/train_s".into(),
+            json!(t_train.elapsed().as_secs_f64()),
+        );
+        m.insert("time/step_s".into(), json!(t0.elapsed().as_secs_f64()));
+        Ok(m)
+    }
+
+    /// Fills π_old, π_ref, values and advantages for every row.
+    fn prepare(&mut self, rows: &mut [Row], group_ids: &[u64], rewards: &[f64]) -> Result<()> {
+        let a = &self.recipe.algorithm;
+        let temperature = self.recipe.rollout.temperature;
+        let mb = a.micro_batch_size;
+        let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
+        let policy = self.policy.valid();
+        let critic = self.critic.as_ref().map(|c| c.valid());
+        for chunk in (0..rows.len()).collect::<Vec<_>>().chunks(mb) {
+            let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
+            let (ids, _) = self.pack(&refs, |r| &r.mask);
+            // Frozen (`valid()`) models live on the plain device.
+            let ids_plain = ids.to_device(&self.plain);
+            if !on_policy {
+                let logits = ids.response(policy.forward(&ids_plain.input()));
+                let lp = logprobs_from_logits(logits, ids_plain.targets(), Some(temperature))?;
+                let lp = host(lp);
+                for (k, &i) in chunk.iter().enumerate() {
+                    rows[i].old_lp = ids.unpack(&lp, k, rows[i].resp_len());
+                }
+            }
+            if let Some(reference) = &self.reference {
+                let logits = ids.response(reference.forward(&ids_plain.input()));
+                let lp = logprobs_from_logits(logits, ids_plain.targets(), Some(temperature))?;
+                let lp = host(lp);
+                for (k, &i) in chunk.iter().enumerate() {
+                    rows[i].ref_lp = Some(ids.unpack(&lp, k, rows[i].resp_len()));
+                }
+            }
+            if let Some(c) = &critic {
+                let v = host(
+                    ids.response(c.forward(&ids_plain.input()).unsqueeze_dim::<3>(2))
+                        .squeeze_dim::<2>(2),
+                );
+                for (k, &i) in chunk.iter().enumerate() {
+                    rows[i].old_values = Some(ids.unpack(&v, k, rows[i].resp_len()));
+                }
+            }
+        }
+        // Advantages in the response-aligned layout [N, R_max].
+        let n = rows.len();
+        let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
+        let mut tok_rewards = vec![0.0f32; n * rmax];
+        let mut mask = vec![0.0f32; n * rmax];
+        let mut values = vec![0.0f32; n * rmax];
+        for (i, row) in rows.iter().enumerate() {
+            let last = row.mask.iter().rposition(|&m| m > 0.0);
+            if let Some(last) = last {
+                tok_rewards[i * rmax + last] = rewards[i] as f32;
+            }
+            for (j, &mv) in row.mask.iter().enumerate() {
+                mask[i * rmax + j] = mv;
+                if let Some(v) = &row.old_values {
+                    values[i * rmax + j] = v[j];
+                }
+            }
+            if a.kl_placement == "reward"
+                && a.kl_coef > 0.0
+                && let Some(r) = &row.ref_lp
+            {
+                let est: KlEstimator = a.kl_estimator.parse()?;
+                let k = kl_penalty(
+                    t2(&self.plain, row.old_lp.clone(), 1, row.resp_len()),
+                    t2(&self.plain, r.clone(), 1, row.resp_len()),
+                    est,
+                    None,
+                )?;
+                for (j, kv) in host(k).iter().enumerate() {
+                    tok_rewards[i * rmax + j] -= (a.kl_coef as f32) * kv * row.mask[j];
+                }
+            }
+        }
+        let mut input = AdvantageInput::new(
+            t2(&self.plain, tok_rewards, n, rmax),
+            t2(&self.plain, mask, n, rmax),
+        )
+        .with_groups(group_ids.to_vec());
+        if self.critic.is_some() {
+            input = input.with_values(t2(&self.plain, values, n, rmax));
+        }
+        let out = self.algo.advantage.compute(&input)?;
+        let adv = host(out.advantages);
+        let ret = host(out.returns);
+        for (i, row) in rows.iter_mut().enumerate() {
+            let r = row.resp_len();
+            row.adv = adv[i * rmax..i * rmax + r].to_vec();
+            if self.critic.is_some() {
+                row.returns = Some(ret[i * rmax..i * rmax + r].to_vec());
+            }
+        }
+        Ok(())
+    }
+
+    /// `ppo_epochs` × `mini_batches` optimiser steps. Returns (clip low, clip high, kl, entropy,
+    /// grad norm, value loss, skipped).
+    #[allow(clippy::type_complexity)]
+    fn update(
+        &mut self,
+        rows: &[Row],
+        lr: f64,
+    ) -> Result<(f64, f64, f64, f64, f64, Option<f64>, bool)> {
+        let a = self.recipe.algorithm.clone();
+        let temperature = self.recipe.rollout.temperature;
+        let n = rows.len();
+        let mut sums = [0.0f64; 4];
+        let mut count = 0.0f64;
+        let mut norms = Vec::new();
+        let mut value_losses = Vec::new();
+        let mut bad = false;
+        // A NaN found after earlier optimiser steps of this batch must not leave them applied:
+        // with several steps per batch, keep the starting weights and optimiser state.
+        let several = a.ppo_epochs * a.mini_batches > 1;
+        let before = self.policy.clone();
+        let before_optim = several.then(|| self.optim.to_record());
+        for epoch in 0..a.ppo_epochs {
+            // A fixed, step-dependent permutation of the rows.
+            let mut order: Vec<usize> = (0..n).collect();
+            let mut s =
+                (self.state.step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch as u64;
+            for i in (1..n).rev() {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                order.swap(i, (s % (i as u64 + 1)) as usize);
+            }
+            let per = n.div_ceil(a.mini_batches);
+            for mini in order.chunks(per) {
+                let tokens: f32 = mini.iter().map(|&i| rows[i].mask.iter().sum::<f32>()).sum();
+                let seqs = mini
+                    .iter()
+                    .filter(|&&i| rows[i].mask.iter().any(|&m| m > 0.0))
+                    .count();
+                let global = GlobalBatchInfo {
+                    dp_size: 1,
+                    batch_num_tokens: Some(tokens as f64),
+                    global_batch_size: Some(seqs as f64),
+                    loss_scale_factor: Some(self.recipe.rollout.max_total_tokens as f64),
+                };
+                let mut accum = GradientsAccumulator::<Transformer>::new();
+                let mut critic_accum = GradientsAccumulator::<ValueModel>::new();
+                for micro in mini.chunks(a.micro_batch_size) {
+                    let refs: Vec<&Row> = micro.iter().map(|&i| &rows[i]).collect();
+                    let (ids, mask) = self.pack(&refs, |r| &r.mask);
+                    let old = self.pack(&refs, |r| &r.old_lp).1;
+                    let adv = self.pack(&refs, |r| &r.adv).1;
+                    let logits = ids.response(self.policy.forward(&ids.input()));
+                    let lp =
+                        logprobs_from_logits(logits.clone(), ids.targets(), Some(temperature))?;
+                    let ent = entropy_from_logits(logits, Some(temperature))?;
+                    let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
+                        .with_entropy(if a.entropy_coef > 0.0 {
+                            ent
+                        } else {
+                            ent.detach()
+                        })
+                        .with_global(global);
+                    if self.reference.is_some() {
+                        let r = self.pack(&refs, |r| r.ref_lp.as_deref().unwrap_or(&[])).1;
+                        input = input.with_ref_log_prob(r);
+                    }
+                    let out = self
+                        .registry
+                        .compute(&self.algo.loss, &input, &self.algo.config)?;
+                    let mv = out.metrics.read()?;
+                    sums[0] += mv.clip_frac_low;
+                    sums[1] += mv.clip_frac_high;
+                    sums[2] += mv.kl.unwrap_or(0.0);
+                    sums[3] += mv.entropy.unwrap_or(0.0);
+                    count += 1.0;
+                    let grads = GradientsParams::from_grads(out.loss.backward(), &self.policy);
+                    accum.accumulate(&self.policy, grads);
+                    if let Some(critic) = &self.critic {
+                        let old_v = self
+                            .pack(&refs, |r| r.old_values.as_deref().unwrap_or(&[]))
+                            .1;
+                        let ret = self.pack(&refs, |r| r.returns.as_deref().unwrap_or(&[])).1;
+                        let v = ids
+                            .response(critic.forward(&ids.input()).unsqueeze_dim::<3>(2))
+                            .squeeze_dim::<2>(2);
+                        let (vl, _) = rlft_algo::value::clipped_value_loss(
+                            v,
+                            old_v,
+                            ret,
+                            &mask,
+                            a.value_clip,
+                            LossAggregation::TokenMean,
+                            &global,
+                        )?;
+                        let vl = vl * a.value_coef;
+                        value_losses.push(host(vl.clone())[0] as f64);
+                        let g = GradientsParams::from_grads(vl.backward(), critic);
+                        critic_accum.accumulate(critic, g);
+                    }
+                }
+                let (grads, norm) =
+                    clip_grads(accum.grads(), &self.policy, self.recipe.optimizer.grad_clip);
+                norms.push(norm);
+                if !norm.is_finite() || sums.iter().any(|v| !v.is_finite()) {
+                    bad = true;
+                    break;
+                }
+                self.policy = self.optim.step(lr, self.policy.clone(), grads);
+                if let (Some(critic), Some(o)) = (self.critic.take(), self.critic_optim.as_mut()) {
+                    let (g, _) = clip_grads(
+                        critic_accum.grads(),
+                        &critic,
+                        self.recipe.optimizer.grad_clip,
+                    );
+                    self.critic = Some(o.step(lr, critic, g));
+                }
+            }
+            if bad {
+                break;
+            }
+        }
+        if bad {
+            // Weights and optimiser state untouched.
+            self.policy = before;
+            if let Some(record) = before_optim {
+                self.optim = adamw(&self.recipe.optimizer).load_record(record);
+            }
+        }
+        let c = count.max(1.0);
+        let gn = norms.iter().copied().fold(0.0, f64::max);
+        Ok((
+            sums[0] / c,
+            sums[1] / c,
+            sums[2] / c,
+            sums[3] / c,
+            gn,
+            (!value_losses.is_empty())
+                .then(|| value_losses.iter().sum::<f64>() / value_losses.len() as f64),
+            bad,
+        ))
+    }
+
+    /// Packs rows in the learner's layout — prompts left-padded to the longest prompt `P`,
+    /// responses right-padded to the longest response `R` (the sampler's rescoring layout) —
+    /// and a `[n, R]` tensor of the per-response-token values `field`.
+    fn pack(&self, rows: &[&Row], field: impl Fn(&Row) -> &[f32]) -> (Packed, Tensor<2>) {
+        let p = rows.iter().map(|r| r.prompt_len).max().unwrap_or(1).max(1);
+        let r = rows.iter().map(|r| r.resp_len()).max().unwrap_or(1).max(1);
+        let (n, w) = (rows.len(), p + r);
+        let pad = self.tokenizer.pad_id.unwrap_or(0) as i64;
+        let mut ids = vec![pad; n * w];
+        let mut attention = vec![0i64; n * w];
+        let mut positions = vec![0i64; n * w];
+        let mut vals = vec![0.0f32; n * r];
+        for (k, row) in rows.iter().enumerate() {
+            let start = p - row.prompt_len;
+            for (j, &t) in row.ids.iter().enumerate() {
+                ids[k * w + start + j] = t;
+                attention[k * w + start + j] = 1;
+                positions[k * w + start + j] = j as i64;
+            }
+            let f = field(row);
+            vals[k * r..k * r + f.len()].copy_from_slice(f);
+        }
+        let packed = Packed {
+            ids,
+            attention,
+            positions,
+            n,
+            p,
+            r,
+            device: self.device.clone(),
+        };
+        let t = t2(&self.device, vals, n, r);
+        (packed, t)
+    }
+}
+
+/// A micro-batch in the learner's layout: `[n, P + R]`, prompts left-padded, responses
+/// right-padded.
+struct Packed {
+    ids: Vec<i64>,
+    attention: Vec<i64>,
+    positions: Vec<i64>,
+    n: usize,
+    p: usize,
+    r: usize,
+    device: Device,
+}
+
+impl Packed {
+    fn width(&self) -> usize {
+        self.p + self.r
+    }
+    fn int2(&self, v: Vec<i64>, cols: usize) -> Tensor<2, Int> {
+        Tensor::from_data(TensorData::new(v, [self.n, cols]), &self.device)
+    }
+    fn input(&self) -> ForwardInput {
+        let w = self.width();
+        ForwardInput {
+            input_ids: self.int2(self.ids.clone(), w),
+            position_ids: self.int2(self.positions.clone(), w),
+            attention_mask: Some(self.int2(self.attention.clone(), w)),
+        }
+    }
+    /// Response token ids `[n, R]` (the labels of [`Packed::response`]).
+    fn targets(&self) -> Tensor<2, Int> {
+        let w = self.width();
+        let t: Vec<i64> = (0..self.n)
+            .flat_map(|k| self.ids[k * w + self.p..(k + 1) * w].to_vec())
+            .collect();
+        self.int2(t, self.r)
+    }
+    /// The `R` positions that predict the response tokens: `[n, P + R, x] → [n, R, x]`.
+    fn response(&self, per_position: Tensor<3>) -> Tensor<3> {
+        per_position.narrow(1, self.p - 1, self.r)
+    }
+    fn to_device(&self, device: &Device) -> Self {
+        Self {
+            ids: self.ids.clone(),
+            attention: self.attention.clone(),
+            positions: self.positions.clone(),
+            n: self.n,
+            p: self.p,
+            r: self.r,
+            device: device.clone(),
+        }
+    }
+    /// Row `k`'s first `len` values out of a host `[n, R]` block.
+    fn unpack(&self, flat: &[f32], k: usize, len: usize) -> Vec<f32> {
+        flat[k * self.r..k * self.r + len].to_vec()
+    }
+}
+
+fn t2(device: &Device, v: Vec<f32>, b: usize, t: usize) -> Tensor<2> {
+    Tensor::from_data(TensorData::new(v, [b, t]), device)
+}
+
+fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap_or_default()
+}
+
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    (mean, var.sqrt())
+}
+
+/// 1 when the trajectory's `correct` reward term is 1.
+fn is_correct(t: &Trajectory) -> f64 {
+    t.reward_terms
+        .iter()
+        .find(|(n, _)| n == "correct")
+        .map_or(0.0, |(_, v)| if *v >= 1.0 { 1.0 } else { 0.0 })
+}
+
+/// Global L2 norm of `grads` over `module`'s parameters; scales them to `max_norm` if larger.
+fn clip_grads<M: Module>(
+    mut grads: GradientsParams,
+    module: &M,
+    max_norm: f64,
+) -> (GradientsParams, f64) {
+    struct Norm<'a> {
+        grads: &'a GradientsParams,
+        parts: Vec<Tensor<1>>,
+    }
+    impl ModuleVisitor for Norm<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if let Some(g) = self.grads.get::<D>(p.id) {
+                self.parts.push(g.square().sum());
+            }
+        }
+    }
+    struct Scale<'a> {
+        grads: &'a mut GradientsParams,
+        s: f64,
+        ids: Vec<ParamId>,
+    }
+    impl ModuleVisitor for Scale<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if let Some(g) = self.grads.remove::<D>(p.id) {
+                self.grads.register::<D>(p.id, g * self.s);
+                self.ids.push(p.id);
+            }
+        }
+    }
+    let mut v = Norm {
+        grads: &grads,
+        parts: Vec::new(),
+    };
+    module.visit(&mut v);
+    if v.parts.is_empty() {
+        return (grads, 0.0);
+    }
+    let total: f64 = host(Tensor::cat(v.parts, 0).sum())[0] as f64;
+    let norm = total.sqrt();
+    if norm.is_finite() && max_norm > 0.0 && norm > max_norm {
+        let mut s = Scale {
+            grads: &mut grads,
+            s: max_norm / (norm + 1e-6),
+            ids: Vec::new(),
+        };
+        module.visit(&mut s);
+    }
+    (grads, norm)
+}

@@ -1,0 +1,130 @@
+//! Generation and forward throughput, measured as `shared/anchors/bench_hf.py` measures
+//! PyTorch/transformers, printed as one JSON line.
+//!
+//! ```text
+//! cargo run --release --example throughput -- --model PATH [--device D] [--reps 3] --json
+//! ```
+//! - `decode_tok_s_b1`, `decode_tok_s_b8`: batch × 64 / median wall time of one whole generate
+//!   call (32-token prompts cut from the same text as bench_hf.py, no padding, prefill included,
+//!   exactly 64 new tokens with EOS not stopping, temperature 1, no top-k/top-p), after a
+//!   warm-up; median of `--reps`.
+//! - `forward_tok_s`: 8 × 128 / median time of one no-autodiff forward producing full-vocabulary
+//!   logits at every position (random ids ≥ 17; the logits are summed and read back as one
+//!   scalar, as bench_hf.py does).
+//! - `peak_rss_mb`: the process's peak resident memory (`VmHWM`), after loading and all runs;
+//!   `load_rss_mb` right after loading.
+
+mod common;
+
+use anyhow::Result;
+use burn::tensor::{Int, Tensor, TensorData};
+use rlft::cli::Args;
+use rlft::model::ForwardInput;
+use rlft::rollout::{Sampler, SamplingConfig};
+use std::time::Instant;
+
+/// The text bench_hf.py cuts its prompts from.
+const TEXT: &str = "Reinforcement learning from verifiable rewards fine-tunes a language model by sampling several \
+answers to each prompt, scoring them with a program instead of a learned reward model, and \
+pushing the policy towards the answers that scored above the group average. Group relative \
+policy optimisation removes the value network entirely: the advantage of each completion is its \
+reward minus the mean reward of its group, divided by the standard deviation. The method is \
+simple, cheap and surprisingly effective on arithmetic and coding tasks, where correctness can \
+be checked exactly. Variants change how the loss is averaged over tokens and sequences, how the \
+ratio is clipped, and whether a reference model is kept for a KL penalty.";
+
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse(&[
+        ("model", true),
+        ("device", true),
+        ("reps", true),
+        ("json", false),
+    ])
+    .map_err(anyhow::Error::msg)?;
+    let reps: usize = args.get("reps", 3).map_err(anyhow::Error::msg)?;
+    let device = common::device(&args)?;
+    let p = common::load(&args, &device)?;
+    let load_rss = peak_rss_mb();
+    let ids = p.tokenizer.encode(TEXT)?;
+    anyhow::ensure!(
+        ids.len() >= 32 + 7 * 8,
+        "the prompt text encodes to too few tokens"
+    );
+    let sampler = Sampler::new(&p.model, None);
+    let mut decode = Vec::new();
+    for bs in [1usize, 8] {
+        let prompts: Vec<Vec<u32>> = (0..bs).map(|i| ids[8 * i..8 * i + 32].to_vec()).collect();
+        let cfg = |n: usize, seed: u64| {
+            SamplingConfig::new()
+                .with_max_new_tokens(n)
+                .with_ignore_eos(true)
+                .with_seed(seed)
+        };
+        sampler.generate(&prompts, &cfg(4, 0))?; // warm-up
+        let times: Vec<f64> = (0..reps)
+            .map(|r| {
+                let t = Instant::now();
+                let out = sampler.generate(&prompts, &cfg(64, r as u64))?;
+                assert!(out.iter().all(|c| c.tokens.len() == 64));
+                Ok(t.elapsed().as_secs_f64())
+            })
+            .collect::<Result<_>>()?;
+        decode.push(bs as f64 * 64.0 / median(times));
+    }
+    let (b, t) = (8usize, 128usize);
+    let vocab = p.config.vocab_size as u64;
+    let mut state = 0x9E3779B97F4A7C15u64;
+    let rand_ids: Vec<i64> = (0..b * t)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (17 + state % (vocab - 17)) as i64
+        })
+        .collect();
+    let input = ForwardInput::new(Tensor::<2, Int>::from_data(
+        TensorData::new(rand_ids, [b, t]),
+        &device,
+    ));
+    let mut fwd = Vec::new();
+    for r in 0..=reps {
+        let start = Instant::now();
+        let s: f32 = p.model.forward(&input).sum().into_scalar();
+        anyhow::ensure!(s.is_finite(), "non-finite logits");
+        if r > 0 {
+            fwd.push(start.elapsed().as_secs_f64());
+        }
+    }
+    let out = serde_json::json!({
+        "decode_tok_s_b1": (decode[0] * 10.0).round() / 10.0,
+        "decode_tok_s_b8": (decode[1] * 10.0).round() / 10.0,
+        "forward_tok_s": ((b * t) as f64 / median(fwd) * 10.0).round() / 10.0,
+        "peak_rss_mb": peak_rss_mb().round(),
+        "load_rss_mb": load_rss.round(),
+        "device": format!("{device:?}"),
+        "reps": reps,
+    });
+    if args.flag("json") {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(())
+}
