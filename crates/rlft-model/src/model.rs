@@ -116,7 +116,20 @@ impl Transformer {
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
             Some(head) => head.forward(h),
-            None => h.matmul(self.embed_tokens.weight.val().transpose().unsqueeze::<3>()),
+            None => {
+                let [b, l, d] = h.dims();
+                let w = self.embed_tokens.weight.val();
+                if b * l <= 64 {
+                    // Few rows (decoding): `W·hᵀ` reads the `[vocab, d]` embedding in place;
+                    // `h·Wᵀ` would copy a transposed `[d, vocab]` matrix on every step.
+                    let v = w.dims()[0];
+                    w.matmul(h.reshape([b * l, d]).transpose())
+                        .transpose()
+                        .reshape([b, l, v])
+                } else {
+                    h.matmul(w.transpose().unsqueeze::<3>())
+                }
+            }
         }
     }
 
