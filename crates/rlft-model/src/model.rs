@@ -210,12 +210,17 @@ impl Transformer {
             }
             *slot = Some((k.clone(), v.clone()));
         }
-        let k = repeat_kv(k, h / kvh);
-        let v = repeat_kv(v, h / kvh);
+        // Grouped-query attention without repeating K/V: the `n = h / kvh` query heads that
+        // share a key/value head are stacked along the query axis, `[b, kvh, n·l, hd]`.
+        let n = h / kvh;
+        let lk = k.dims()[2];
+        let q = q.reshape([b, kvh, n * l, hd]);
         let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hd as f64).sqrt());
-        let [_, _, lq, lk] = scores.dims();
-        let scores = scores.mask_fill(mask.clone().expand([b, h, lq, lk]), -1e9);
-        let out = softmax(scores, 3).matmul(v);
+        let scores = scores
+            .reshape([b, h, l, lk])
+            .mask_fill(mask.clone().expand([b, h, l, lk]), -1e9);
+        let probs = softmax(scores, 3).reshape([b, kvh, n * l, lk]);
+        let out = probs.matmul(v).reshape([b, h, l, hd]);
         attn.o_proj
             .forward(out.swap_dims(1, 2).reshape([b, l, h * hd]))
     }
@@ -292,17 +297,6 @@ fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
     let x2 = x.clone().narrow(3, hd / 2, hd / 2);
     let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
     x * cos.clone() + rotated * sin.clone()
-}
-
-/// Repeats key/value heads `[b, kvh, L, hd] → [b, kvh·n, L, hd]` for grouped-query attention.
-fn repeat_kv(x: Tensor<4>, n: usize) -> Tensor<4> {
-    if n == 1 {
-        return x;
-    }
-    let [b, kvh, l, hd] = x.dims();
-    x.unsqueeze_dim::<5>(2)
-        .expand([b, kvh, n, l, hd])
-        .reshape([b, kvh * n, l, hd])
 }
 
 impl Transformer {

@@ -139,8 +139,11 @@ fn check_fixture(name: &str) {
 
         let diff = max_diff(&incremental(&model, &input, n / 2), &got);
         println!("{name} case {case_name}: KV-cache incremental vs full, max |Δ| = {diff:.2e}");
+        // Decode steps multiply other shapes (one query row per head group) than the full
+        // pass, so f32 sums differ in the last bits (≈2e-5 seen); the tolerance is the one
+        // used against transformers.
         assert!(
-            diff < 1e-5,
+            diff < 1e-4,
             "{name} case {case_name}: incremental vs full max |Δ| = {diff}"
         );
         per_case.push((got, v));
