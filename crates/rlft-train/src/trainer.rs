@@ -515,14 +515,18 @@ impl Trainer {
             let loss_v: f32 = loss.clone().into_scalar();
             let grads = GradientsParams::from_grads(loss.backward(), &self.policy);
             let (grads, norm) = clip_grads(grads, &self.policy, 1.0);
+            // Linear warm-up over the first tenth of the steps: from-scratch models diverge at
+            // full learning rate on their first updates.
+            let warmup = (s.steps / 10).max(1);
+            let lr = s.lr * ((step + 1) as f64 / warmup as f64).min(1.0);
             if norm.is_finite() && loss_v.is_finite() {
-                self.policy = optim.step(s.lr, self.policy.clone(), grads);
+                self.policy = optim.step(lr, self.policy.clone(), grads);
             }
             let mut m = StepMetrics::new();
             m.insert("step".into(), json!(step + 1));
             m.insert("loss".into(), json!(loss_v));
             m.insert("grad_norm".into(), json!(norm));
-            m.insert("lr".into(), json!(s.lr));
+            m.insert("lr".into(), json!(lr));
             m.insert("time/step_s".into(), json!(start.elapsed().as_secs_f64()));
             log.write(m)?;
         }
