@@ -7,27 +7,12 @@
 //! cargo run --release --example custom_loss
 //! ```
 
+mod common;
+
 use anyhow::Result;
 use burn::tensor::{Distribution, Tensor};
-use rlft::algo::loss::{LossContext, LossRegistry, LossTerms, PolicyLoss, PolicyLossInput};
-
-/// `−sg(min(ρ, cap))·A·log πθ`.
-struct TruncatedIsPg {
-    cap: f64,
-}
-
-impl PolicyLoss for TruncatedIsPg {
-    fn terms(&self, ctx: &LossContext<'_>) -> rlft::algo::Result<LossTerms> {
-        let ratio = ctx.ratio();
-        let capped = ratio.clone().greater_elem(self.cap);
-        let weight = ratio.clone().clamp_max(self.cap).detach();
-        let loss = (weight * ctx.input.advantages.clone() * ctx.input.log_prob.clone()).neg();
-        let mut terms = LossTerms::per_token(loss);
-        terms.clip_frac_high = Some(ctx.fraction(capped));
-        terms.ratio = Some(ratio);
-        Ok(terms)
-    }
-}
+use common::TruncatedIsPg;
+use rlft::algo::loss::{LossRegistry, PolicyLossInput};
 
 fn main() -> Result<()> {
     let device = rlft::device::parse("flex")?.autodiff();

@@ -9,8 +9,11 @@
 //! `recipes/quickstart.toml` (a tiny model from scratch) with that loss, writing to
 //! `runs/custom_reward`.
 
+mod common;
+
 use anyhow::Result;
-use rlft::algo::loss::{LossContext, LossRegistry, LossTerms, PolicyLoss};
+use common::TruncatedIsPg;
+use rlft::algo::loss::LossRegistry;
 use rlft::cli::Args;
 use rlft::rollout::{Reward, RewardInput};
 use rlft::train::{Extensions, Recipe, Trainer};
@@ -29,24 +32,6 @@ impl Reward for Terse {
         Ok(f64::from(u8::from(
             !t.is_empty() && t.parse::<i64>().is_ok(),
         )))
-    }
-}
-
-/// `−sg(min(ρ, cap))·A·log πθ`: every token keeps its gradient, the IS weight is capped.
-struct TruncatedIsPg {
-    cap: f64,
-}
-
-impl PolicyLoss for TruncatedIsPg {
-    fn terms(&self, ctx: &LossContext<'_>) -> rlft::algo::Result<LossTerms> {
-        let ratio = ctx.ratio();
-        let capped = ratio.clone().greater_elem(self.cap);
-        let weight = ratio.clone().clamp_max(self.cap).detach();
-        let loss = (weight * ctx.input.advantages.clone() * ctx.input.log_prob.clone()).neg();
-        let mut terms = LossTerms::per_token(loss);
-        terms.clip_frac_high = Some(ctx.fraction(capped));
-        terms.ratio = Some(ratio);
-        Ok(terms)
     }
 }
 

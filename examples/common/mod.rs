@@ -4,6 +4,7 @@
 
 use anyhow::{Context, Result};
 use burn::tensor::{DType, Device};
+use rlft::algo::loss::{LossContext, LossTerms, PolicyLoss};
 use rlft::cli::Args;
 use rlft::model::{ChatMessage, Pretrained};
 use std::path::Path;
@@ -29,4 +30,25 @@ pub fn prompt_ids(p: &Pretrained, text: &str, chat: bool) -> Result<Vec<u32>> {
         text.to_string()
     };
     Ok(p.tokenizer.encode(&text)?)
+}
+
+/// A truncated-IS policy gradient `−sg(min(ρ, cap))·A·log πθ`: every token keeps its gradient
+/// (like CISPO), the IS weight is only capped from above. Used by `custom_loss` and
+/// `custom_reward`.
+pub struct TruncatedIsPg {
+    /// The cap on the IS weight.
+    pub cap: f64,
+}
+
+impl PolicyLoss for TruncatedIsPg {
+    fn terms(&self, ctx: &LossContext<'_>) -> rlft::algo::Result<LossTerms> {
+        let ratio = ctx.ratio();
+        let capped = ratio.clone().greater_elem(self.cap);
+        let weight = ratio.clone().clamp_max(self.cap).detach();
+        let loss = (weight * ctx.input.advantages.clone() * ctx.input.log_prob.clone()).neg();
+        let mut terms = LossTerms::per_token(loss);
+        terms.clip_frac_high = Some(ctx.fraction(capped));
+        terms.ratio = Some(ratio);
+        Ok(terms)
+    }
 }

@@ -9,7 +9,7 @@
 use crate::dataset::Example;
 use crate::expr;
 use std::collections::BTreeMap;
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What follows a model turn.
@@ -120,16 +120,11 @@ impl ToolEnv {
                 names.join(", ")
             )
         })?;
-        let (tx, rx) = mpsc::channel();
         let args = args.to_string();
-        std::thread::spawn(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.call(&args)))
-                .unwrap_or_else(|_| Err("tool panicked".into()));
-            let _ = tx.send(r);
-        });
-        let out = rx
+        let out = crate::spawn_guarded(move || tool.call(&args))
             .recv_timeout(self.timeout)
-            .map_err(|_| format!("tool timed out after {:?}", self.timeout))??;
+            .map_err(|_| format!("tool timed out after {:?}", self.timeout))?
+            .unwrap_or_else(|| Err("tool panicked".into()))?;
         if out.len() > self.max_output {
             return Err(format!(
                 "tool output of {} bytes exceeds the {}-byte limit",

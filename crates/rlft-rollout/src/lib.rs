@@ -24,6 +24,20 @@ pub use task::{Split, Task, TaskKind};
 
 use std::path::PathBuf;
 
+/// Runs `f` on its own thread and returns a receiver for its result, `None` if it panicked. A
+/// caller waits with `recv_timeout` and abandons the thread on timeout (rewards and tools run
+/// user code that may hang).
+pub(crate) fn spawn_guarded<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::sync::mpsc::Receiver<Option<T>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
+        let _ = tx.send(r);
+    });
+    rx
+}
+
 /// Errors from rlft-rollout.
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {

@@ -5,7 +5,7 @@
 
 use rlft_algo::shaping::OverlongPenalty;
 use serde::{Deserialize, Serialize};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a reward function sees of one sample.
@@ -271,16 +271,8 @@ impl RewardSet {
         let receivers: Vec<_> = inputs
             .into_iter()
             .map(|input| {
-                let (tx, rx) = mpsc::channel();
                 let terms = self.terms.clone();
-                std::thread::spawn(move || {
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        score_one(&terms, &input)
-                    }))
-                    .unwrap_or_else(|_| RewardOutcome::Failed("reward function panicked".into()));
-                    let _ = tx.send(result);
-                });
-                rx
+                crate::spawn_guarded(move || score_one(&terms, &input))
             })
             .collect();
         let deadline = std::time::Instant::now() + self.timeout;
@@ -288,9 +280,13 @@ impl RewardSet {
             .into_iter()
             .map(|rx| {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
-                rx.recv_timeout(left).unwrap_or_else(|_| {
-                    RewardOutcome::Failed(format!("reward timed out after {:?}", self.timeout))
-                })
+                match rx.recv_timeout(left) {
+                    Ok(Some(outcome)) => outcome,
+                    Ok(None) => RewardOutcome::Failed("reward function panicked".into()),
+                    Err(_) => {
+                        RewardOutcome::Failed(format!("reward timed out after {:?}", self.timeout))
+                    }
+                }
             })
             .collect()
     }
