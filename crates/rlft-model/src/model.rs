@@ -105,6 +105,16 @@ impl Transformer {
         self.logits(self.hidden_states(input))
     }
 
+    /// Logits `[batch, len, vocab]` at positions `start..start + len` only. The output head (a
+    /// `d × vocab` product per position, a fifth of SmolLM2's forward FLOPs) is skipped at every
+    /// other position — a learner needs logits where the response tokens are predicted.
+    ///
+    /// # Shapes
+    /// - input ids `[batch, L]` → `[batch, len, vocab]`, with `start + len ≤ L`.
+    pub fn forward_positions(&self, input: &ForwardInput, start: usize, len: usize) -> Tensor<3> {
+        self.logits(self.hidden_states(input).narrow(1, start, len))
+    }
+
     /// Logits `[batch, L_new, vocab]` for new tokens, attending to everything in `cache` and
     /// appending the new keys and values to it. `input.attention_mask` (if any) covers the new
     /// tokens only; the cache remembers the mask of earlier ones. Decoding step by step gives the

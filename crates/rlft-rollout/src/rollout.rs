@@ -94,8 +94,10 @@ pub struct RolloutBatch {
     pub failed_rewards: usize,
     /// Model tokens generated.
     pub generated_tokens: usize,
-    /// Wall time spent generating.
+    /// Wall time spent generating (model turns and environment steps).
     pub generate_seconds: f64,
+    /// Wall time spent scoring the finished trajectories with the reward functions.
+    pub score_seconds: f64,
 }
 
 struct Episode {
@@ -233,6 +235,7 @@ pub fn rollout(
         }
     }
     batch.generate_seconds = start.elapsed().as_secs_f64();
+    let start = std::time::Instant::now();
     let inputs = episodes
         .iter()
         .map(|e| {
@@ -249,6 +252,7 @@ pub fn rollout(
         .collect::<Result<Vec<_>>>()?;
     let completions: Vec<String> = inputs.iter().map(|i| i.completion.clone()).collect();
     let outcomes = rewards.score(inputs);
+    batch.score_seconds = start.elapsed().as_secs_f64();
     let mut groups: Vec<Group> = kept
         .into_iter()
         .map(|example| Group {

@@ -328,7 +328,7 @@ impl<'a> Sampler<'a> {
             position_ids: int2(pos, w),
             attention_mask: Some(int2(mask, w)),
         };
-        let logits = self.model.forward(&input).narrow(1, pl - 1, rl);
+        let logits = self.model.forward_positions(&input, pl - 1, rl);
         let lp = rlft_algo::logprobs_from_logits(logits, int2(labels, rl), Some(temperature))
             .map_err(|e| RolloutError::Input(format!("rescoring: {e}")))?
             .into_data()

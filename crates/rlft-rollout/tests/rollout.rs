@@ -90,7 +90,7 @@ fn behaviour_logprobs_equal_the_learners() {
             position_ids: int2(pos),
             attention_mask: Some(int2(mask)),
         };
-        let logits = p.model.forward(&input).narrow(1, pl - 1, rl);
+        let logits = p.model.forward_positions(&input, pl - 1, rl);
         let labels: Vec<i64> = (0..n)
             .flat_map(|i| ids[i * w + pl..(i + 1) * w].to_vec())
             .collect();

@@ -342,6 +342,8 @@ pub struct SftSection {
     pub batch_size: usize,
     /// Learning rate.
     pub lr: f64,
+    /// AdamW weight decay during the warm-up.
+    pub weight_decay: f64,
 }
 
 impl Default for SftSection {
@@ -350,6 +352,7 @@ impl Default for SftSection {
             steps: 0,
             batch_size: 32,
             lr: 1e-3,
+            weight_decay: 0.0,
         }
     }
 }
@@ -518,6 +521,7 @@ impl Recipe {
             ("algorithm.overlong_factor", a.overlong_factor),
             ("optimizer.weight_decay", self.optimizer.weight_decay),
             ("optimizer.grad_clip", self.optimizer.grad_clip),
+            ("sft.weight_decay", self.sft.weight_decay),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(k, format!("must be a finite number ≥ 0, got {v}"));

@@ -144,6 +144,21 @@ pub struct RunSummary {
     pub exported: Option<PathBuf>,
 }
 
+/// What one step's rollouts produced.
+#[derive(Default)]
+struct Collected {
+    groups: Vec<Group>,
+    /// Zero-spread groups dropped by dynamic sampling.
+    filtered: usize,
+    /// Trajectories whose reward failed.
+    failed: usize,
+    /// Generated tokens.
+    tokens: usize,
+    generate_secs: f64,
+    /// Reward scoring.
+    score_secs: f64,
+}
+
 /// One trajectory prepared for the learner (host vectors over its response tokens).
 struct Row {
     ids: Vec<i64>,
@@ -473,7 +488,7 @@ impl Trainer {
         let mut log = MetricsLog::open(&path, None)?;
         let mut optim = adamw(&crate::recipe::OptimizerSection {
             lr: s.lr,
-            weight_decay: 0.0,
+            weight_decay: s.weight_decay,
             ..self.recipe.optimizer.clone()
         });
         let eos = self.tokenizer.eos_ids.first().copied().unwrap_or(0);
@@ -508,7 +523,7 @@ impl Trainer {
             }
             let refs: Vec<&Row> = rows.iter().collect();
             let (ids, mask) = self.pack(&refs, |r| &r.mask);
-            let logits = ids.response(self.policy.forward(&ids.input()));
+            let logits = ids.response_logits(&self.policy);
             let lp = logprobs_from_logits(logits, ids.targets(), None)?;
             let tokens: f32 = rows.iter().map(|r| r.mask.iter().sum::<f32>()).sum();
             let loss = (lp * mask).sum().neg() * (1.0 / tokens.max(1.0));
@@ -630,22 +645,31 @@ impl Trainer {
         })
     }
 
+    /// Runs one RL step — rollouts, rewards, advantages, the update — without evaluation,
+    /// checkpointing or the SFT warm-up, and returns its metrics (the `metrics.jsonl` keys but
+    /// `eval/*`). For trainers that drive the loop themselves; [`Trainer::run`] is the whole run.
+    pub fn train_step(&mut self) -> Result<StepMetrics> {
+        let step = self.state.step + 1;
+        let m = self.step(step)?;
+        self.state.step = step;
+        Ok(m)
+    }
+
     /// Collects one batch of groups: with dynamic sampling, zero-spread groups are dropped and
     /// more prompts are sampled, up to `max_gen_batches` rounds.
-    fn collect(&mut self, step: usize) -> Result<(Vec<Group>, usize, usize, usize, f64)> {
+    fn collect(&mut self, step: usize) -> Result<Collected> {
         let r = self.recipe.rollout.clone();
         let a = self.recipe.algorithm.clone();
         let model = self.policy.valid();
         let cfg = self.rollout_config(r.group_size, self.sampling());
-        let mut kept: Vec<Group> = Vec::new();
-        let (mut filtered, mut failed, mut tokens, mut secs) = (0, 0, 0, 0.0);
+        let mut c = Collected::default();
         let rounds = if a.dynamic_sampling {
             a.max_gen_batches
         } else {
             1
         };
         for round in 0..rounds {
-            let need = r.prompts_per_step - kept.len();
+            let need = r.prompts_per_step - c.groups.len();
             let idx = self.loader.next_indices(need);
             let examples: Vec<Example> = idx
                 .iter()
@@ -663,29 +687,37 @@ impl Trainer {
                 step as u64,
                 seed,
             )?;
-            failed += b.failed_rewards;
-            tokens += b.generated_tokens;
-            secs += b.generate_seconds;
+            c.failed += b.failed_rewards;
+            c.tokens += b.generated_tokens;
+            c.generate_secs += b.generate_seconds;
+            c.score_secs += b.score_seconds;
             for g in b.groups {
                 let rewards = g.rewards();
                 let spread = rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max)
                     - rewards.iter().copied().fold(f64::INFINITY, f64::min);
                 if a.dynamic_sampling && (spread.is_nan() || spread <= 1e-9) {
-                    filtered += 1;
+                    c.filtered += 1;
                 } else {
-                    kept.push(g);
+                    c.groups.push(g);
                 }
             }
-            if kept.len() >= r.prompts_per_step {
+            if c.groups.len() >= r.prompts_per_step {
                 break;
             }
         }
-        Ok((kept, filtered, failed, tokens, secs))
+        Ok(c)
     }
 
     fn step(&mut self, step: usize) -> Result<StepMetrics> {
         let t0 = Instant::now();
-        let (groups, filtered, failed, gen_tokens, gen_secs) = self.collect(step)?;
+        let Collected {
+            groups,
+            filtered,
+            failed,
+            tokens: gen_tokens,
+            generate_secs: gen_secs,
+            score_secs,
+        } = self.collect(step)?;
         let a = self.recipe.algorithm.clone();
         let r = self.recipe.rollout.clone();
         // Reward statistics over every scored trajectory (before shaping).
@@ -756,11 +788,18 @@ impl Trainer {
             json!(gen_tokens as f64 / gen_secs.max(1e-9)),
         );
         m.insert("time/generate_s".into(), json!(gen_secs));
+        let t_score = Instant::now();
+        if !rows.is_empty() {
+            self.prepare(&mut rows, &group_ids, &rewards)?;
+        }
+        m.insert(
+            "time/score_s".into(),
+            json!(score_secs + t_score.elapsed().as_secs_f64()),
+        );
         let t_train = Instant::now();
         let stats = if rows.is_empty() {
             None
         } else {
-            self.prepare(&mut rows, &group_ids, &rewards)?;
             Some(self.update(&rows, lr)?)
         };
         let (clip_low, clip_high, kl, entropy, grad_norm, value_loss, bad) =
@@ -802,7 +841,7 @@ impl Trainer {
             // Frozen (`valid()`) models live on the plain device.
             let ids_plain = ids.to_device(&self.plain);
             if !on_policy {
-                let logits = ids.response(policy.forward(&ids_plain.input()));
+                let logits = ids_plain.response_logits(&policy);
                 let lp = logprobs_from_logits(logits, ids_plain.targets(), Some(temperature))?;
                 let lp = host(lp);
                 for (k, &i) in chunk.iter().enumerate() {
@@ -810,7 +849,7 @@ impl Trainer {
                 }
             }
             if let Some(reference) = &self.reference {
-                let logits = ids.response(reference.forward(&ids_plain.input()));
+                let logits = ids_plain.response_logits(reference);
                 let lp = logprobs_from_logits(logits, ids_plain.targets(), Some(temperature))?;
                 let lp = host(lp);
                 for (k, &i) in chunk.iter().enumerate() {
@@ -933,7 +972,7 @@ impl Trainer {
                     let (ids, mask) = self.pack(&refs, |r| &r.mask);
                     let old = self.pack(&refs, |r| &r.old_lp).1;
                     let adv = self.pack(&refs, |r| &r.adv).1;
-                    let logits = ids.response(self.policy.forward(&ids.input()));
+                    let logits = ids.response_logits(&self.policy);
                     let lp =
                         logprobs_from_logits(logits.clone(), ids.targets(), Some(temperature))?;
                     let ent = entropy_from_logits(logits, Some(temperature))?;
@@ -1094,6 +1133,10 @@ impl Packed {
             .flat_map(|k| self.ids[k * w + self.p..(k + 1) * w].to_vec())
             .collect();
         self.int2(t, self.r)
+    }
+    /// Logits `[n, R, vocab]` at the `R` positions that predict the response tokens.
+    fn response_logits(&self, model: &Transformer) -> Tensor<3> {
+        model.forward_positions(&self.input(), self.p - 1, self.r)
     }
     /// The `R` positions that predict the response tokens: `[n, P + R, x] → [n, R, x]`.
     fn response(&self, per_position: Tensor<3>) -> Tensor<3> {

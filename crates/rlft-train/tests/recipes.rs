@@ -87,6 +87,7 @@ fn every_recipe_runs_two_steps() {
             "lr",
             "tokens_per_s",
             "time/generate_s",
+            "time/score_s",
             "time/train_s",
             "groups/filtered",
         ] {

@@ -1,0 +1,123 @@
+//! Times full GRPO steps as `../shared/anchors/bench_hf.py --only grpo` runs them in TRL's
+//! `GRPOTrainer`, and splits each step into generate / score / train.
+//!
+//! ```text
+//! cargo run --release --example grpo_step -- [--model PATH] [--steps 3] [--device D] [--json]
+//! ```
+//! The same setting as the anchor: SmolLM2-135M-Instruct in f32, the anchor's 16 single-digit
+//! chat prompts (`benches/data/grpo_step_prompts.jsonl`, made with its `random.Random(0)`), one
+//! prompt × G = 8 completions per step, up to 64 new tokens at temperature 1 (stopping at
+//! `<|im_end|>`), β = 0 (no reference model), one update per batch (π_old = the behaviour
+//! log-probs), AdamW at lr 1e-6. `score` is reward scoring plus the advantages; `train` is the
+//! forward + backward pass and the optimizer step. Like the anchor, the first step is reported
+//! but left out of the mean.
+
+use anyhow::Result;
+use rlft::cli::Args;
+use rlft::train::{Recipe, Trainer};
+
+const RECIPE: &str = r#"
+seed = 0
+output_dir = "runs/grpo_step"
+[model]
+path = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+[task]
+name = "arithmetic"
+chat = true
+dataset = "benches/data/grpo_step_prompts.jsonl"
+[rollout]
+prompts_per_step = 1
+group_size = 8
+max_new_tokens = 64
+max_total_tokens = 64
+temperature = 1.0
+[algorithm]
+loss = "grpo"
+kl_coef = 0.0
+micro_batch_size = 8
+[optimizer]
+lr = 1e-6
+[schedule]
+steps = 1000
+[checkpoint]
+export_final = false
+[logging]
+progress = false
+"#;
+
+fn main() -> Result<()> {
+    let args = Args::parse(&[
+        ("model", true),
+        ("steps", true),
+        ("device", true),
+        ("json", false),
+    ])
+    .map_err(anyhow::Error::msg)?;
+    let steps: usize = args.get("steps", 3).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(steps >= 1, "--steps must be at least 1");
+    let mut overrides = Vec::new();
+    if let Some(m) = args.value("model") {
+        overrides.push(format!("model.path={m:?}"));
+    }
+    if let Some(d) = args.value("device") {
+        overrides.push(format!("device={d:?}"));
+    }
+    let recipe = Recipe::from_toml_str(RECIPE, &overrides)?;
+    let mut trainer = Trainer::new(recipe, None)?;
+    let keys = [
+        "time/generate_s",
+        "time/score_s",
+        "time/train_s",
+        "time/step_s",
+    ];
+    let mut rows = Vec::new();
+    for _ in 0..steps {
+        let m = trainer.train_step()?;
+        let get = |k: &str| m.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+        let row: Vec<f64> = keys.iter().map(|k| get(k)).collect();
+        if !args.flag("json") {
+            println!(
+                "step {}: generate {:.2} s, score {:.3} s, train {:.2} s, total {:.2} s \
+                 (mean response {:.1} tokens, reward {:.2})",
+                rows.len() + 1,
+                row[0],
+                row[1],
+                row[2],
+                row[3],
+                get("response_len/mean"),
+                get("reward/mean"),
+            );
+        }
+        rows.push((row, get("response_len/mean")));
+    }
+    // The anchor's convention: the first step (warm-up allocations) is left out of the mean.
+    let steady = if rows.len() > 1 {
+        &rows[1..]
+    } else {
+        &rows[..]
+    };
+    let mean = |i: usize| steady.iter().map(|(r, _)| r[i]).sum::<f64>() / steady.len() as f64;
+    let mean_len = steady.iter().map(|(_, l)| l).sum::<f64>() / steady.len() as f64;
+    let doc = serde_json::json!({
+        "steps": steps,
+        "seconds_per_step_all": rows.iter().map(|(r, _)| r[3]).collect::<Vec<_>>(),
+        "seconds_per_step_excl_first": mean(3),
+        "generate_s": mean(0),
+        "score_s": mean(1),
+        "train_s": mean(2),
+        "response_len_mean": mean_len,
+    });
+    if args.flag("json") {
+        println!("{doc}");
+    } else {
+        println!(
+            "mean over steps 2..{steps}: {:.2} s per step = generate {:.2} + score {:.3} + train {:.2} \
+             (mean response {mean_len:.1} tokens)",
+            mean(3),
+            mean(0),
+            mean(1),
+            mean(2)
+        );
+    }
+    Ok(())
+}
