@@ -14,6 +14,7 @@
 
 use anyhow::Result;
 use rlft::cli::Args;
+use rlft::train::metrics::StepMetrics;
 use rlft::train::{Recipe, Trainer};
 
 const RECIPE: &str = r#"
@@ -64,60 +65,58 @@ fn main() -> Result<()> {
     }
     let recipe = Recipe::from_toml_str(RECIPE, &overrides)?;
     let mut trainer = Trainer::new(recipe, None)?;
-    let keys = [
-        "time/generate_s",
-        "time/score_s",
-        "time/train_s",
-        "time/step_s",
-    ];
-    let mut rows = Vec::new();
-    for _ in 0..steps {
+    let json = args.flag("json");
+    let mut history = Vec::with_capacity(steps);
+    for step in 1..=steps {
         let m = trainer.train_step()?;
-        let get = |k: &str| m.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
-        let row: Vec<f64> = keys.iter().map(|k| get(k)).collect();
-        if !args.flag("json") {
+        if !json {
             println!(
-                "step {}: generate {:.2} s, score {:.3} s, train {:.2} s, total {:.2} s \
+                "step {step}: generate {:.2} s, score {:.3} s, train {:.2} s, total {:.2} s \
                  (mean response {:.1} tokens, reward {:.2})",
-                rows.len() + 1,
-                row[0],
-                row[1],
-                row[2],
-                row[3],
-                get("response_len/mean"),
-                get("reward/mean"),
+                value(&m, "time/generate_s"),
+                value(&m, "time/score_s"),
+                value(&m, "time/train_s"),
+                value(&m, "time/step_s"),
+                value(&m, "response_len/mean"),
+                value(&m, "reward/mean"),
             );
         }
-        rows.push((row, get("response_len/mean")));
+        history.push(m);
     }
     // The anchor's convention: the first step (warm-up allocations) is left out of the mean.
-    let steady = if rows.len() > 1 {
-        &rows[1..]
+    let steady = if history.len() > 1 {
+        &history[1..]
     } else {
-        &rows[..]
+        &history[..]
     };
-    let mean = |i: usize| steady.iter().map(|(r, _)| r[i]).sum::<f64>() / steady.len() as f64;
-    let mean_len = steady.iter().map(|(_, l)| l).sum::<f64>() / steady.len() as f64;
-    let doc = serde_json::json!({
-        "steps": steps,
-        "seconds_per_step_all": rows.iter().map(|(r, _)| r[3]).collect::<Vec<_>>(),
-        "seconds_per_step_excl_first": mean(3),
-        "generate_s": mean(0),
-        "score_s": mean(1),
-        "train_s": mean(2),
-        "response_len_mean": mean_len,
-    });
-    if args.flag("json") {
+    let mean = |k: &str| steady.iter().map(|m| value(m, k)).sum::<f64>() / steady.len() as f64;
+    if json {
+        let doc = serde_json::json!({
+            "steps": steps,
+            "seconds_per_step_all": history.iter().map(|m| value(m, "time/step_s")).collect::<Vec<_>>(),
+            "seconds_per_step_excl_first": mean("time/step_s"),
+            "generate_s": mean("time/generate_s"),
+            "score_s": mean("time/score_s"),
+            "train_s": mean("time/train_s"),
+            "response_len_mean": mean("response_len/mean"),
+        });
         println!("{doc}");
     } else {
         println!(
-            "mean over steps 2..{steps}: {:.2} s per step = generate {:.2} + score {:.3} + train {:.2} \
-             (mean response {mean_len:.1} tokens)",
-            mean(3),
-            mean(0),
-            mean(1),
-            mean(2)
+            "mean over steps {}..{steps}: {:.2} s per step = generate {:.2} + score {:.3} + \
+             train {:.2} (mean response {:.1} tokens)",
+            steps + 1 - steady.len(),
+            mean("time/step_s"),
+            mean("time/generate_s"),
+            mean("time/score_s"),
+            mean("time/train_s"),
+            mean("response_len/mean"),
         );
     }
     Ok(())
+}
+
+/// A numeric metric of one step (NaN when absent).
+fn value(m: &StepMetrics, key: &str) -> f64 {
+    m.get(key).and_then(|v| v.as_f64()).unwrap_or(f64::NAN)
 }
