@@ -7,6 +7,7 @@
 
 mod chat;
 mod config;
+pub mod decode;
 pub mod dequant;
 mod error;
 mod export;
@@ -17,6 +18,7 @@ mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Llama3RopeScaling, TransformerConfig};
+pub use decode::HostWeights;
 pub use error::{ModelError, Result};
 pub use export::{LORA_TARGETS, LoraConfig};
 pub use gguf::GgufFile;

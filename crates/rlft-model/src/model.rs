@@ -1,9 +1,10 @@
 //! The decoder-only transformer (Llama family): RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
+use crate::decode::{HostLayer, HostMatrix, HostWeights, MAX_ROWS};
 use burn::module::Module;
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::activation::{silu, softmax};
-use burn::tensor::{Bool, Int, Tensor};
+use burn::tensor::{Bool, Int, Tensor, TensorData};
 
 /// One attention block's projections.
 #[derive(Module, Debug)]
@@ -97,7 +98,7 @@ impl ForwardInput {
 impl Transformer {
     /// Final hidden states `[batch, L, d]` (after the last norm).
     pub fn hidden_states(&self, input: &ForwardInput) -> Tensor<3> {
-        self.hidden_states_cached(input, None)
+        self.hidden_states_cached(input, None, None)
     }
 
     /// Logits `[batch, L, vocab]`.
@@ -120,7 +121,26 @@ impl Transformer {
     /// tokens only; the cache remembers the mask of earlier ones. Decoding step by step gives the
     /// same logits as one full forward pass.
     pub fn forward_cached(&self, input: &ForwardInput, cache: &mut KvCache) -> Tensor<3> {
-        self.logits(self.hidden_states_cached(input, Some(cache)))
+        self.forward_decode(input, cache, None)
+    }
+
+    /// [`Transformer::forward_cached`] with the weight products of steps of at most
+    /// [`DECODE_ROWS`] tokens (decoding) done by the CPU kernels of [`crate::decode`] on `host`,
+    /// host copies of this model's weights (made with [`HostWeights::new`]; only for models on
+    /// a CPU device, see [`HostWeights::suits`]). Larger steps (prompts) use the backend.
+    pub fn forward_decode(
+        &self,
+        input: &ForwardInput,
+        cache: &mut KvCache,
+        host: Option<&HostWeights>,
+    ) -> Tensor<3> {
+        let [b, l] = input.input_ids.dims();
+        let host = host.filter(|_| b * l <= DECODE_ROWS);
+        let h = self.hidden_states_cached(input, Some(cache), host);
+        match host {
+            Some(w) => with_bias(host_matmul(&w.head, h), self.lm_head.as_ref()),
+            None => self.logits(h),
+        }
     }
 
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
@@ -147,6 +167,7 @@ impl Transformer {
         &self,
         input: &ForwardInput,
         mut cache: Option<&mut KvCache>,
+        host: Option<&HostWeights>,
     ) -> Tensor<3> {
         let [b, l] = input.input_ids.dims();
         let device = input.input_ids.device();
@@ -181,13 +202,20 @@ impl Transformer {
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_layernorm.forward(x.clone());
             let slot = cache.as_mut().and_then(|c| c.layers.get_mut(i));
-            let h = self.attention(&layer.self_attn, h, (&cos, &sin), &mask, slot);
+            let host = host.map(|w| &w.layers[i]);
+            let h = self.attention(&layer.self_attn, h, (&cos, &sin), &mask, slot, host);
             x = x + h;
             let h = layer.post_attention_layernorm.forward(x.clone());
             let m = &layer.mlp;
-            let h = m
-                .down_proj
-                .forward(silu(m.gate_proj.forward(h.clone())) * m.up_proj.forward(h));
+            let unbiased = [&m.gate_proj, &m.up_proj, &m.down_proj]
+                .iter()
+                .all(|p| p.bias.is_none());
+            let h = match host {
+                Some(w) if unbiased => host_mlp(w, h),
+                _ => m
+                    .down_proj
+                    .forward(silu(m.gate_proj.forward(h.clone())) * m.up_proj.forward(h)),
+            };
             x = x + h;
         }
         self.norm.forward(x)
@@ -200,13 +228,30 @@ impl Transformer {
         (cos, sin): (&Tensor<4>, &Tensor<4>),
         mask: &Tensor<4, Bool>,
         cache: Option<&mut Option<(Tensor<4>, Tensor<4>)>>,
+        host: Option<&HostLayer>,
     ) -> Tensor<3> {
         let [b, l, _] = x.dims();
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let (q, k, v) = match host {
+            Some(w) => {
+                let qkv = host_matmul(&w.qkv, x);
+                let (nq, nkv) = (h * hd, kvh * hd);
+                (
+                    with_bias(qkv.clone().narrow(2, 0, nq), Some(&attn.q_proj)),
+                    with_bias(qkv.clone().narrow(2, nq, nkv), Some(&attn.k_proj)),
+                    with_bias(qkv.narrow(2, nq + nkv, nkv), Some(&attn.v_proj)),
+                )
+            }
+            None => (
+                attn.q_proj.forward(x.clone()),
+                attn.k_proj.forward(x.clone()),
+                attn.v_proj.forward(x),
+            ),
+        };
         let split = |t: Tensor<3>, n: usize| t.reshape([b, l, n, hd]).swap_dims(1, 2);
-        let mut q = split(attn.q_proj.forward(x.clone()), h);
-        let mut k = split(attn.k_proj.forward(x.clone()), kvh);
-        let mut v = split(attn.v_proj.forward(x), kvh);
+        let mut q = split(q, h);
+        let mut k = split(k, kvh);
+        let mut v = split(v, kvh);
         if let (Some(qn), Some(kn)) = (&attn.q_norm, &attn.k_norm) {
             q = qn.forward(q);
             k = kn.forward(k);
@@ -230,9 +275,62 @@ impl Transformer {
             .reshape([b, h, l, lk])
             .mask_fill(mask.clone().expand([b, h, l, lk]), -1e9);
         let probs = softmax(scores, 3).reshape([b, kvh, n * l, lk]);
-        let out = probs.matmul(v).reshape([b, h, l, hd]);
-        attn.o_proj
-            .forward(out.swap_dims(1, 2).reshape([b, l, h * hd]))
+        let out = probs
+            .matmul(v)
+            .reshape([b, h, l, hd])
+            .swap_dims(1, 2)
+            .reshape([b, l, h * hd]);
+        match host {
+            Some(w) => with_bias(host_matmul(&w.o, out), Some(&attn.o_proj)),
+            None => attn.o_proj.forward(out),
+        }
+    }
+}
+
+/// Most tokens per step that [`Transformer::forward_decode`] runs through the CPU kernels: a
+/// batched decode step; longer steps are prompts, where the backend's tiled product is faster.
+pub const DECODE_ROWS: usize = 2 * MAX_ROWS;
+
+fn to_host(x: Tensor<3>) -> Vec<f32> {
+    x.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("converted to f32")
+}
+
+/// `x · W` by the host kernel, in `x`'s dtype and on its device.
+///
+/// # Shapes
+/// - `x`: `[b, l, k]` → `[b, l, n]`.
+fn host_matmul(w: &HostMatrix, x: Tensor<3>) -> Tensor<3> {
+    let [b, l, _] = x.dims();
+    let (device, dtype) = (x.device(), x.dtype());
+    let out = w.matmul(&to_host(x));
+    Tensor::<3>::from_data(TensorData::new(out, [b, l, w.out_features()]), &device).cast(dtype)
+}
+
+/// `down(silu(gate(x)) · up(x))` by the host kernels.
+fn host_mlp(w: &HostLayer, x: Tensor<3>) -> Tensor<3> {
+    let [b, l, _] = x.dims();
+    let (device, dtype) = (x.device(), x.dtype());
+    let inter = w.down.in_features();
+    let gate_up = w.gate_up.matmul(&to_host(x));
+    let act: Vec<f32> = gate_up
+        .chunks(2 * inter)
+        .flat_map(|row| {
+            let (g, u) = row.split_at(inter);
+            g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+        })
+        .collect();
+    let out = w.down.matmul(&act);
+    Tensor::<3>::from_data(TensorData::new(out, [b, l, w.down.out_features()]), &device).cast(dtype)
+}
+
+/// Adds `linear`'s bias (if it has one) to its product `y`.
+fn with_bias(y: Tensor<3>, linear: Option<&Linear>) -> Tensor<3> {
+    match linear.and_then(|p| p.bias.as_ref()) {
+        Some(bias) => y + bias.val().unsqueeze::<3>(),
+        None => y,
     }
 }
 

@@ -4,8 +4,8 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use rlft_model::{
-    ChatMessage, ForwardInput, KvCache, LoraConfig, ModelError, Pretrained, Tokenizer, Transformer,
-    TransformerConfig,
+    ChatMessage, ForwardInput, HostWeights, KvCache, LoraConfig, ModelError, Pretrained, Tokenizer,
+    Transformer, TransformerConfig,
 };
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -94,7 +94,14 @@ fn greedy_cached(model: &Transformer, prompt: &[i64], steps: usize, device: &Dev
 }
 
 /// Prefill `split` columns, then one column at a time through the cache; all logits.
-fn incremental(model: &Transformer, input: &ForwardInput, split: usize) -> Vec<f32> {
+/// Logits of a prefill of `split` tokens and then one decode step per token, with the decode
+/// products on the CPU kernels when `host` is given.
+fn incremental(
+    model: &Transformer,
+    input: &ForwardInput,
+    split: usize,
+    host: Option<&HostWeights>,
+) -> Vec<f32> {
     let [_, l] = input.input_ids.dims();
     let cols = |a: usize, n: usize| ForwardInput {
         input_ids: input.input_ids.clone().narrow(1, a, n),
@@ -102,9 +109,9 @@ fn incremental(model: &Transformer, input: &ForwardInput, split: usize) -> Vec<f
         attention_mask: input.attention_mask.clone().map(|m| m.narrow(1, a, n)),
     };
     let mut cache = KvCache::new();
-    let mut parts = vec![model.forward_cached(&cols(0, split), &mut cache)];
+    let mut parts = vec![model.forward_decode(&cols(0, split), &mut cache, host)];
     for c in split..l {
-        parts.push(model.forward_cached(&cols(c, 1), &mut cache));
+        parts.push(model.forward_decode(&cols(c, 1), &mut cache, host));
     }
     to_vec(Tensor::cat(parts, 1))
 }
@@ -118,6 +125,7 @@ fn check_fixture(name: &str) {
     let expected: Value = serde_json::from_str(&text).expect("json");
     let cases = expected["cases"].as_array().expect("cases");
     let tokenizer = Tokenizer::from_hf_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let host = HostWeights::new(&model).unwrap_or_else(|e| panic!("{e}"));
     let mut per_case = Vec::new();
     for case in cases {
         let case_name = &case["name"];
@@ -137,15 +145,19 @@ fn check_fixture(name: &str) {
         let greedy = greedy_cached(&model, &input_ids, want_greedy.len(), &device);
         assert_eq!(greedy, want_greedy, "{name} case {case_name}: greedy ids");
 
-        let diff = max_diff(&incremental(&model, &input, n / 2), &got);
-        println!("{name} case {case_name}: KV-cache incremental vs full, max |Δ| = {diff:.2e}");
-        // Decode steps multiply other shapes (one query row per head group) than the full
-        // pass, so f32 sums differ in the last bits (≈2e-5 seen); the tolerance is the one
-        // used against transformers.
-        assert!(
-            diff < 1e-4,
-            "{name} case {case_name}: incremental vs full max |Δ| = {diff}"
-        );
+        for (kernels, host) in [("backend", None), ("CPU decode kernels", Some(&host))] {
+            let diff = max_diff(&incremental(&model, &input, n / 2, host), &got);
+            println!(
+                "{name} case {case_name}: KV-cache incremental ({kernels}) vs full, max |Δ| = {diff:.2e}"
+            );
+            // Decode steps multiply other shapes (one query row per head group) than the full
+            // pass, so f32 sums differ in the last bits (≈2e-5 seen); the tolerance is the one
+            // used against transformers.
+            assert!(
+                diff < 1e-4,
+                "{name} case {case_name}: incremental ({kernels}) vs full max |Δ| = {diff}"
+            );
+        }
         per_case.push((got, v));
     }
 
@@ -171,7 +183,8 @@ fn check_fixture(name: &str) {
         attention_mask: Some(int2(flat("attention_mask"), [b, l], &device)),
     };
     let (got, [_, _, v]) = logits(&model, input.clone());
-    let cached = incremental(&model, &input, l - 3);
+    let cached = incremental(&model, &input, l - 3, None);
+    let kernels = incremental(&model, &input, l - 3, Some(&host));
     for (row, (want, _)) in per_case.iter().take(b).enumerate() {
         let n = want.len() / v;
         let span = (row * l + (l - n)) * v..(row * l + l) * v;
@@ -183,12 +196,14 @@ fn check_fixture(name: &str) {
         );
         // Batched decode steps run other matmul shapes than the full pass, so f32 sums differ
         // in the last bits (≈2e-5 seen here); the tolerance is the one used against transformers.
-        let diff = max_diff(&cached[span.clone()], &got[span]);
-        println!("{name} left-padded row {row} via KV cache: max |Δ| = {diff:.2e}");
-        assert!(
-            diff < 1e-4,
-            "{name} left-padded row {row} via KV cache: max |Δ| = {diff}"
-        );
+        for (how, logits) in [("KV cache", &cached), ("KV cache + CPU kernels", &kernels)] {
+            let diff = max_diff(&logits[span.clone()], &got[span.clone()]);
+            println!("{name} left-padded row {row} via {how}: max |Δ| = {diff:.2e}");
+            assert!(
+                diff < 1e-4,
+                "{name} left-padded row {row} via {how}: max |Δ| = {diff}"
+            );
+        }
     }
 }
 

@@ -7,11 +7,12 @@
 
 use crate::{Result, RolloutError};
 use burn::config::Config;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use rlft_model::{ForwardInput, KvCache, Tokenizer, Transformer};
+use rayon::prelude::*;
+use rlft_model::model::DECODE_ROWS;
+use rlft_model::{ForwardInput, HostWeights, KvCache, Tokenizer, Transformer};
 use serde::{Deserialize, Serialize};
 
 /// How to sample.
@@ -116,6 +117,9 @@ pub struct Sampler<'a> {
     tokenizer: Option<&'a Tokenizer>,
     eos_ids: Vec<u32>,
     pad_id: u32,
+    /// Host copies of the weights for the CPU decode kernels, made at the first decode on a CPU
+    /// device (`None` inside: another device).
+    host: std::sync::OnceLock<Option<HostWeights>>,
 }
 
 /// Per-row decoding state.
@@ -142,6 +146,7 @@ impl<'a> Sampler<'a> {
             tokenizer,
             eos_ids,
             pad_id,
+            host: std::sync::OnceLock::new(),
         }
     }
 
@@ -214,26 +219,40 @@ impl<'a> Sampler<'a> {
         };
         let vocab = self.model.embed_tokens.weight.dims()[0];
         while !rows.is_empty() {
-            let logits = self.model.forward_cached(&input, &mut cache);
+            let [rows_now, len_now] = input.input_ids.dims();
+            let host = if rows_now * len_now <= DECODE_ROWS {
+                self.host_weights()?
+            } else {
+                None
+            };
+            let logits = self.model.forward_decode(&input, &mut cache, host);
             let [n, l, v] = logits.dims();
             let last = logits.narrow(1, l - 1, 1).reshape([n, v]);
-            let logp = log_softmax(last * (1.0 / temperature), 1);
-            let host = logp
+            let scaled = if temperature == 1.0 {
+                last
+            } else {
+                last * (1.0 / temperature)
+            };
+            let host = scaled
                 .into_data()
                 .convert::<f32>()
                 .try_into_vec::<f32>()
-                .map_err(|e| RolloutError::Input(format!("log-probs to host: {e:?}")))?;
+                .map_err(|e| RolloutError::Input(format!("logits to host: {e:?}")))?;
+            // Uniform variates in row order (reproducible), then the rows in parallel.
+            let draws: Vec<Option<f64>> = (0..n)
+                .map(|_| (cfg.temperature != 0.0).then(|| rng.random::<f64>()))
+                .collect();
+            let picks: Vec<(usize, f32)> = host
+                .par_chunks(v)
+                .zip(draws)
+                .map(|(x, u)| pick(x, cfg, u))
+                .collect();
             let mut keep = Vec::with_capacity(rows.len());
             for (r, row) in rows.iter_mut().enumerate() {
-                let lp_row = &host[r * v..(r + 1) * v];
-                let token = if cfg.temperature == 0.0 {
-                    argmax(lp_row)
-                } else {
-                    sample(lp_row, cfg, rng.random::<f64>())
-                };
+                let (token, logprob) = picks[r];
                 debug_assert!(token < vocab);
                 row.tokens.push(token as u32);
-                row.logprobs.push(lp_row[token]);
+                row.logprobs.push(logprob);
                 on_token(row.index, token as u32);
                 let token = token as u32;
                 let finish = if !cfg.ignore_eos && self.eos_ids.contains(&token) {
@@ -292,6 +311,20 @@ impl<'a> Sampler<'a> {
             self.rescore(prompts, &mut done, temperature)?;
         }
         Ok(done)
+    }
+
+    /// The host weight copies when the model is on a CPU device (made once per sampler).
+    fn host_weights(&self) -> Result<Option<&HostWeights>> {
+        if let Some(h) = self.host.get() {
+            return Ok(h.as_ref());
+        }
+        let device = self.model.embed_tokens.weight.device();
+        let made = if HostWeights::suits(&device) {
+            Some(HostWeights::new(self.model).map_err(|e| RolloutError::Input(e.to_string()))?)
+        } else {
+            None
+        };
+        Ok(self.host.get_or_init(|| made).as_ref())
     }
 
     /// Replaces each completion's log-probs by those of one forward pass over
@@ -370,25 +403,46 @@ fn argmax(x: &[f32]) -> usize {
         .0
 }
 
-/// Draws a token from log-probs `lp` with uniform variate `u ∈ [0, 1)`, applying top-k, min-p
-/// and top-p (in that order, as vLLM does) when set.
+/// The next token and its log-prob `log softmax(x)[token]` from (temperature-scaled) logits
+/// `x`: greedy without a variate `u`, else drawn as [`sample`] does. One pass of `exp` serves
+/// both the normaliser and the draw.
+fn pick(x: &[f32], cfg: &SamplingConfig, u: Option<f64>) -> (usize, f32) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let p: Vec<f32> = x.iter().map(|&v| (v - max).exp()).collect();
+    let total: f64 = p.iter().map(|&q| f64::from(q)).sum();
+    let token = match u {
+        None => argmax(x),
+        Some(u) if !cfg.has_filters() => inverse_cdf(&p, u * total),
+        Some(u) => sample(x, cfg, u),
+    };
+    (token, x[token] - max - total.ln() as f32)
+}
+
+/// The first index where the running sum of `p` exceeds `target` (the last nonzero one if
+/// rounding leaves it short).
+fn inverse_cdf(p: &[f32], target: f64) -> usize {
+    let mut acc = 0.0f64;
+    let mut last = 0;
+    for (i, &q) in p.iter().enumerate() {
+        if q > 0.0 {
+            last = i;
+        }
+        acc += f64::from(q);
+        if acc > target {
+            return i;
+        }
+    }
+    last
+}
+
+/// Draws a token from log-probs (or logits) `lp` with uniform variate `u ∈ [0, 1)`, applying
+/// top-k, min-p and top-p (in that order, as vLLM does) when set.
 fn sample(lp: &[f32], cfg: &SamplingConfig, u: f64) -> usize {
     if !cfg.has_filters() {
-        // Inverse CDF over the full distribution.
-        let mut acc = 0.0f64;
-        let target = u * lp.iter().map(|&x| (x as f64).exp()).sum::<f64>();
-        let mut last = 0;
-        for (i, &x) in lp.iter().enumerate() {
-            let p = (x as f64).exp();
-            if p > 0.0 {
-                last = i;
-            }
-            acc += p;
-            if acc > target {
-                return i;
-            }
-        }
-        return last;
+        let max = lp.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let p: Vec<f32> = lp.iter().map(|&x| (x - max).exp()).collect();
+        let total: f64 = p.iter().map(|&q| f64::from(q)).sum();
+        return inverse_cdf(&p, u * total);
     }
     let mut idx: Vec<usize> = (0..lp.len()).collect();
     if cfg.top_k > 0 && cfg.top_k < idx.len() {

@@ -1,0 +1,518 @@
+//! Few-row matrix products for decoding on the CPU.
+//!
+//! A decode step multiplies one row per sequence (8 for a group of 8) by every weight matrix of
+//! the model, so its speed is how fast the weights stream from memory. A general matrix multiply
+//! packs its operands into tiles first, which pays off for many rows but not for a handful:
+//! here each weight is read once, in place, split across threads by output columns, and every
+//! output row is accumulated from the same load. [`HostWeights`] keeps host copies of a model's
+//! projections (q/k/v and gate/up fused) for [`Transformer::forward_decode`].
+//!
+//! The kernels use AVX-512 (checked at run time); without it [`HostWeights::suits`] says no and
+//! decoding stays on the backend. A plain-Rust version of each kernel is the reference the
+//! tests compare against.
+
+use crate::model::Transformer;
+use crate::{ModelError, Result};
+use burn::tensor::{Device, Tensor};
+use rayon::prelude::*;
+
+/// Lanes per accumulator: one AVX-512 register, two AVX2 registers.
+const LANES: usize = 16;
+/// Output columns per panel of a `[k, n]` product.
+const PANEL: usize = 2 * LANES;
+/// Most rows one kernel call accumulates at once.
+pub const MAX_ROWS: usize = 8;
+
+/// How a matrix is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// A `[k, n]` matrix (a burn `Linear` weight, `[in, out]`) cut into panels of [`PANEL`]
+    /// columns, each stored as a contiguous `[k, PANEL]` block (the last one zero-padded), so a
+    /// panel's weights stream from memory in order.
+    Panels,
+    /// `[n, k]` row-major, an embedding table used as the output head.
+    OutIn,
+}
+
+/// A weight matrix copied to host memory, multiplied by few rows at a time.
+#[derive(Debug, Clone)]
+pub struct HostMatrix {
+    data: Vec<f32>,
+    k: usize,
+    n: usize,
+    layout: Layout,
+}
+
+fn host_vec(t: Tensor<2>) -> Result<Vec<f32>> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| ModelError::Input(format!("weight to host: {e:?}")))
+}
+
+impl HostMatrix {
+    /// Copies `[in, out]` weights (several side by side along `out`, e.g. q, k and v).
+    pub fn from_in_out(weights: &[Tensor<2>]) -> Result<Self> {
+        let k = weights.first().map_or(0, |w| w.dims()[0]);
+        if let Some(w) = weights.iter().find(|w| w.dims()[0] != k) {
+            return Err(ModelError::Input(format!(
+                "fused weights need the same input width: {:?} vs {k}",
+                w.dims()
+            )));
+        }
+        let parts: Vec<(usize, Vec<f32>)> = weights
+            .iter()
+            .map(|w| Ok((w.dims()[1], host_vec(w.clone())?)))
+            .collect::<Result<_>>()?;
+        let n = parts.iter().map(|(n, _)| n).sum();
+        let data = if parts.len() == 1 {
+            parts.into_iter().next().map(|(_, d)| d).unwrap_or_default()
+        } else {
+            let mut data = Vec::with_capacity(k * n);
+            for row in 0..k {
+                for (w, d) in &parts {
+                    data.extend_from_slice(&d[row * w..(row + 1) * w]);
+                }
+            }
+            data
+        };
+        Ok(Self::panels(&data, k, n))
+    }
+
+    /// Packs a row-major `[k, n]` matrix into [`Layout::Panels`].
+    fn panels(rows: &[f32], k: usize, n: usize) -> Self {
+        let count = n.div_ceil(PANEL);
+        let mut data = vec![0f32; count * k * PANEL];
+        for (p, block) in data.chunks_mut(k * PANEL).enumerate() {
+            let (c0, cols) = (p * PANEL, PANEL.min(n - p * PANEL));
+            for (kk, dst) in block.chunks_mut(PANEL).enumerate() {
+                dst[..cols].copy_from_slice(&rows[kk * n + c0..kk * n + c0 + cols]);
+            }
+        }
+        Self {
+            data,
+            k,
+            n,
+            layout: Layout::Panels,
+        }
+    }
+
+    /// Copies an `[out, in]` table (an embedding used as the output head).
+    pub fn from_out_in(table: Tensor<2>) -> Result<Self> {
+        let [n, k] = table.dims();
+        Ok(Self {
+            data: host_vec(table)?,
+            k,
+            n,
+            layout: Layout::OutIn,
+        })
+    }
+
+    /// Input width `k`.
+    pub fn in_features(&self) -> usize {
+        self.k
+    }
+
+    /// Output width `n`.
+    pub fn out_features(&self) -> usize {
+        self.n
+    }
+
+    /// `x · W` for `m = x.len() / k` rows, any `m` (rows are taken [`MAX_ROWS`] at a time).
+    ///
+    /// # Shapes
+    /// - `x`: `[m, k]` row-major → `[m, n]` row-major.
+    pub fn matmul(&self, x: &[f32]) -> Vec<f32> {
+        self.matmul_with(Isa::detect(), x)
+    }
+
+    fn matmul_with(&self, isa: Isa, x: &[f32]) -> Vec<f32> {
+        let (k, n) = (self.k, self.n);
+        let m = x.len().checked_div(k).unwrap_or(0);
+        assert_eq!(m * k, x.len(), "input is not a whole number of rows of {k}");
+        let mut out = vec![0f32; m * n];
+        for (xs, os) in x.chunks(MAX_ROWS * k).zip(out.chunks_mut(MAX_ROWS * n)) {
+            self.matmul_block(isa, xs, os);
+        }
+        out
+    }
+
+    /// Up to [`MAX_ROWS`] rows: the columns are split into blocks, one task each.
+    fn matmul_block(&self, isa: Isa, x: &[f32], out: &mut [f32]) {
+        let (k, n) = (self.k, self.n);
+        let m = x.len() / k;
+        // Blocks of whole panels, about four per thread, so uneven threads even out.
+        let tasks = 4 * rayon::current_num_threads();
+        let block = n.div_ceil(tasks).div_ceil(PANEL).max(1) * PANEL;
+        // Each block writes its own columns of `out`; the columns of one row are contiguous,
+        // so blocks are computed into their own buffers and copied into place.
+        let blocks: Vec<(usize, Vec<f32>)> = (0..n)
+            .step_by(block)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|j0| {
+                let width = block.min(n - j0);
+                let mut o = vec![0f32; m * width];
+                match self.layout {
+                    Layout::Panels => isa.panels(x, m, k, &self.data, j0, width, &mut o),
+                    Layout::OutIn => isa.out_in(x, m, k, &self.data, j0, width, &mut o),
+                }
+                (j0, o)
+            })
+            .collect();
+        for (j0, o) in blocks {
+            let width = o.len() / m;
+            for r in 0..m {
+                out[r * n + j0..r * n + j0 + width].copy_from_slice(&o[r * width..(r + 1) * width]);
+            }
+        }
+    }
+}
+
+/// The instruction set the kernels run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isa {
+    /// AVX-512 intrinsics (x86-64 CPUs that have them).
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// Plain Rust, for testing and for CPUs without AVX-512 (where [`HostWeights::suits`] says
+    /// no and the backend's product is used instead).
+    Base,
+}
+
+impl Isa {
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Isa::Avx512;
+        }
+        Isa::Base
+    }
+
+    /// Columns `j0..j0 + width` (`j0` a multiple of [`PANEL`]) of `x · W` for `W` packed in
+    /// panels.
+    #[allow(clippy::too_many_arguments)]
+    fn panels(
+        self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        w: &[f32],
+        j0: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        for c in (0..width).step_by(PANEL) {
+            let panel = &w[(j0 + c) / PANEL * k * PANEL..][..k * PANEL];
+            let cols = PANEL.min(width - c);
+            #[cfg(target_arch = "x86_64")]
+            if self == Isa::Avx512 {
+                // SAFETY: `detect` saw AVX-512.
+                unsafe { x86::panel_avx512(x, m, k, panel, out, width, c, cols) };
+                continue;
+            }
+            panel_block(x, m, k, panel, out, width, c, cols);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn out_in(
+        self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        w: &[f32],
+        j0: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self == Isa::Avx512 {
+            // SAFETY: `detect` saw AVX-512; rows and columns lie inside `w` and `out` (asserted).
+            unsafe { x86::dots_avx512(x, m, k, w, j0, width, out) };
+            return;
+        }
+        out_in_block(x, m, k, w, j0, width, out)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! AVX-512 versions of the two kernels: the accumulators stay in the 32 vector registers.
+    use super::{LANES, MAX_ROWS, PANEL};
+    use std::arch::x86_64::*;
+
+    /// [`super::panel_block`] with the accumulators in registers.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn panel_avx512(
+        x: &[f32],
+        m: usize,
+        k: usize,
+        panel: &[f32],
+        out: &mut [f32],
+        width: usize,
+        c: usize,
+        cols: usize,
+    ) {
+        assert!(m <= MAX_ROWS && x.len() >= m * k && panel.len() >= k * PANEL);
+        assert!(cols <= PANEL && out.len() >= m * width && c + cols <= width);
+        let mut lo = [_mm512_setzero_ps(); MAX_ROWS];
+        let mut hi = [_mm512_setzero_ps(); MAX_ROWS];
+        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
+        for kk in 0..k {
+            // SAFETY: kk < k keeps the loads inside the `[k, PANEL]` panel; r < m, kk < k
+            // inside `x`.
+            unsafe {
+                let w0 = _mm512_loadu_ps(wp.add(kk * PANEL));
+                let w1 = _mm512_loadu_ps(wp.add(kk * PANEL + LANES));
+                for r in 0..m {
+                    let a = _mm512_set1_ps(*xp.add(r * k + kk));
+                    lo[r] = _mm512_fmadd_ps(a, w0, lo[r]);
+                    hi[r] = _mm512_fmadd_ps(a, w1, hi[r]);
+                }
+            }
+        }
+        let mut row = [0f32; PANEL];
+        for r in 0..m {
+            // SAFETY: `row` holds PANEL floats.
+            unsafe {
+                _mm512_storeu_ps(row.as_mut_ptr(), lo[r]);
+                _mm512_storeu_ps(row.as_mut_ptr().add(LANES), hi[r]);
+            }
+            out[r * width + c..r * width + c + cols].copy_from_slice(&row[..cols]);
+        }
+    }
+
+    /// [`super::out_in_block`] with one 16-lane accumulator per row.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dots_avx512(
+        x: &[f32],
+        m: usize,
+        k: usize,
+        w: &[f32],
+        j0: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        assert!(m <= MAX_ROWS && x.len() >= m * k && out.len() >= m * width);
+        assert!(w.len() >= (j0 + width) * k);
+        let whole = k / LANES * LANES;
+        let xp = x.as_ptr();
+        for j in 0..width {
+            let wr = &w[(j0 + j) * k..(j0 + j + 1) * k];
+            let mut acc = [_mm512_setzero_ps(); MAX_ROWS];
+            for kk in (0..whole).step_by(LANES) {
+                // SAFETY: kk + LANES <= k keeps the loads inside row j of `w` and row r of `x`.
+                unsafe {
+                    let wv = _mm512_loadu_ps(wr.as_ptr().add(kk));
+                    for (r, a) in acc.iter_mut().enumerate().take(m) {
+                        *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp.add(r * k + kk)), *a);
+                    }
+                }
+            }
+            for r in 0..m {
+                let mut s = _mm512_reduce_add_ps(acc[r]);
+                for kk in whole..k {
+                    s += x[r * k + kk] * wr[kk];
+                }
+                out[r * width + j] = s;
+            }
+        }
+    }
+}
+
+/// One panel (`[k, PANEL]`, see [`Layout::Panels`]) of `x · W` for `m` rows, its first `cols`
+/// columns written to columns `c..c + cols` of `out` (`[m, width]`): each weight row of the panel
+/// is read once for all rows.
+#[allow(clippy::too_many_arguments)]
+fn panel_block(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    panel: &[f32],
+    out: &mut [f32],
+    width: usize,
+    c: usize,
+    cols: usize,
+) {
+    let mut acc = vec![0f32; m * PANEL];
+    for (kk, wrow) in panel.chunks(PANEL).take(k).enumerate() {
+        for (r, acc) in acc.chunks_mut(PANEL).enumerate() {
+            let a = x[r * k + kk];
+            for (o, &b) in acc.iter_mut().zip(wrow) {
+                *o += a * b;
+            }
+        }
+    }
+    for (r, acc) in acc.chunks(PANEL).enumerate() {
+        out[r * width + c..r * width + c + cols].copy_from_slice(&acc[..cols]);
+    }
+}
+
+/// Columns `j0..j0 + width` of `x · Wᵀ` for `W` `[n, k]`: one dot product per row and column,
+/// each weight row read once for all rows.
+fn out_in_block(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    j0: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    for j in 0..width {
+        let wr = &w[(j0 + j) * k..(j0 + j + 1) * k];
+        for r in 0..m {
+            let xr = &x[r * k..(r + 1) * k];
+            out[r * width + j] = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+        }
+    }
+}
+
+/// Host copies of a model's weights for decoding on the CPU (see the module docs).
+#[derive(Debug, Clone)]
+pub struct HostWeights {
+    pub(crate) layers: Vec<HostLayer>,
+    pub(crate) head: HostMatrix,
+}
+
+/// One decoder layer's projections.
+#[derive(Debug, Clone)]
+pub(crate) struct HostLayer {
+    /// q, k and v side by side.
+    pub(crate) qkv: HostMatrix,
+    pub(crate) o: HostMatrix,
+    /// gate and up side by side.
+    pub(crate) gate_up: HostMatrix,
+    pub(crate) down: HostMatrix,
+}
+
+impl HostWeights {
+    /// Copies `model`'s projections and output head (LoRA adapters applied) to host memory.
+    pub fn new(model: &Transformer) -> Result<Self> {
+        let layers = model
+            .layers
+            .iter()
+            .map(|l| {
+                let (a, m) = (&l.self_attn, &l.mlp);
+                Ok(HostLayer {
+                    qkv: HostMatrix::from_in_out(&[
+                        a.q_proj.weight.val(),
+                        a.k_proj.weight.val(),
+                        a.v_proj.weight.val(),
+                    ])?,
+                    o: HostMatrix::from_in_out(&[a.o_proj.weight.val()])?,
+                    gate_up: HostMatrix::from_in_out(&[
+                        m.gate_proj.weight.val(),
+                        m.up_proj.weight.val(),
+                    ])?,
+                    down: HostMatrix::from_in_out(&[m.down_proj.weight.val()])?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let head = match &model.lm_head {
+            Some(h) => HostMatrix::from_in_out(&[h.weight.val()])?,
+            None => HostMatrix::from_out_in(model.embed_tokens.weight.val())?,
+        };
+        Ok(Self { layers, head })
+    }
+
+    #[doc(hidden)]
+    pub fn debug_layer(&self, i: usize) -> (&HostMatrix, &HostMatrix, &HostMatrix) {
+        (&self.layers[i].gate_up, &self.layers[i].down, &self.head)
+    }
+
+    /// Whether decoding on `device` reads tensors from host memory, where these kernels apply
+    /// (the flex and ndarray backends).
+    pub fn suits(device: &Device) -> bool {
+        if Isa::detect() == Isa::Base {
+            return false;
+        }
+        #[allow(unused_variables)]
+        let inner = device.clone().inner();
+        #[cfg(feature = "flex")]
+        if inner == Device::flex() {
+            return true;
+        }
+        #[cfg(feature = "ndarray")]
+        if inner == Device::ndarray() {
+            return true;
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, layout: Layout) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        for r in 0..m {
+            for j in 0..n {
+                out[r * n + j] = (0..k)
+                    .map(|i| {
+                        let wv = match layout {
+                            Layout::Panels => w[i * n + j],
+                            Layout::OutIn => w[j * k + i],
+                        };
+                        x[r * k + i] as f64 * wv as f64
+                    })
+                    .sum::<f64>() as f32;
+            }
+        }
+        out
+    }
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32)
+            .map(|v| v / (1u32 << 24) as f32 - 0.5)
+            .collect()
+    }
+
+    #[test]
+    fn products_match_a_naive_reference_for_every_row_count_and_ragged_widths() {
+        for &(k, n) in &[(1, 1), (7, 5), (33, 70), (64, 96), (40, 129)] {
+            for m in [1, 2, 3, 5, 8, 9, 17] {
+                let x = values(m * k, 1);
+                let w = values(k * n, 2);
+                for layout in [Layout::Panels, Layout::OutIn] {
+                    let mat = match layout {
+                        Layout::Panels => HostMatrix::panels(&w, k, n),
+                        Layout::OutIn => HostMatrix {
+                            data: w.clone(),
+                            k,
+                            n,
+                            layout,
+                        },
+                    };
+                    let want = naive(&x, m, k, &w, n, layout);
+                    for isa in [Isa::detect(), Isa::Base] {
+                        let got = mat.matmul_with(isa, &x);
+                        for (g, e) in got.iter().zip(&want) {
+                            assert!(
+                                (g - e).abs() < 1e-4,
+                                "{isa:?} {layout:?} m{m} k{k} n{n}: {g} vs {e}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fused_weights_are_side_by_side() {
+        let device = Device::default();
+        let a = Tensor::<2>::from_floats([[1.0, 2.0], [3.0, 4.0]], &device);
+        let b = Tensor::<2>::from_floats([[5.0], [6.0]], &device);
+        let m = HostMatrix::from_in_out(&[a, b]).expect("same input width");
+        assert_eq!((m.in_features(), m.out_features()), (2, 3));
+        assert_eq!(m.matmul(&[1.0, 1.0]), vec![4.0, 6.0, 11.0]);
+        let c = Tensor::<2>::from_floats([[1.0, 2.0, 3.0]], &device);
+        let d = Tensor::<2>::from_floats([[1.0], [2.0]], &device);
+        assert!(HostMatrix::from_in_out(&[c, d]).is_err());
+    }
+}
