@@ -64,30 +64,27 @@ impl HostMatrix {
             .iter()
             .map(|w| Ok((w.dims()[1], host_vec(w.clone())?)))
             .collect::<Result<_>>()?;
-        let n = parts.iter().map(|(n, _)| n).sum();
-        let data = if parts.len() == 1 {
-            parts.into_iter().next().map(|(_, d)| d).unwrap_or_default()
-        } else {
-            let mut data = Vec::with_capacity(k * n);
-            for row in 0..k {
-                for (w, d) in &parts {
-                    data.extend_from_slice(&d[row * w..(row + 1) * w]);
-                }
-            }
-            data
-        };
-        Ok(Self::panels(&data, k, n))
+        Ok(Self::panels(&parts, k))
     }
 
-    /// Packs a row-major `[k, n]` matrix into [`Layout::Panels`].
-    fn panels(rows: &[f32], k: usize, n: usize) -> Self {
-        let count = n.div_ceil(PANEL);
-        let mut data = vec![0f32; count * k * PANEL];
-        for (p, block) in data.chunks_mut(k * PANEL).enumerate() {
-            let (c0, cols) = (p * PANEL, PANEL.min(n - p * PANEL));
-            for (kk, dst) in block.chunks_mut(PANEL).enumerate() {
-                dst[..cols].copy_from_slice(&rows[kk * n + c0..kk * n + c0 + cols]);
+    /// Packs row-major `[k, n_i]` matrices, side by side, into [`Layout::Panels`].
+    fn panels(parts: &[(usize, Vec<f32>)], k: usize) -> Self {
+        let n: usize = parts.iter().map(|(n, _)| n).sum();
+        let mut data = vec![0f32; n.div_ceil(PANEL) * k * PANEL];
+        let mut first = 0;
+        for (w, rows) in parts {
+            // Runs of columns that stay within one panel.
+            let mut j = 0;
+            while j < *w {
+                let (p, lane) = ((first + j) / PANEL, (first + j) % PANEL);
+                let len = (PANEL - lane).min(w - j);
+                let block = &mut data[p * k * PANEL..(p + 1) * k * PANEL];
+                for (kk, dst) in block.chunks_mut(PANEL).enumerate() {
+                    dst[lane..lane + len].copy_from_slice(&rows[kk * w + j..kk * w + j + len]);
+                }
+                j += len;
             }
+            first += w;
         }
         Self {
             data,
@@ -393,7 +390,7 @@ impl HostWeights {
     pub fn new(model: &Transformer) -> Result<Self> {
         let layers = model
             .layers
-            .iter()
+            .par_iter()
             .map(|l| {
                 let (a, m) = (&l.self_attn, &l.mlp);
                 Ok(HostLayer {
@@ -435,7 +432,9 @@ impl HostWeights {
         if inner == Device::flex() {
             return true;
         }
+        // burn marks ndarray deprecated; rlft still offers it as a CPU device.
         #[cfg(feature = "ndarray")]
+        #[allow(deprecated)]
         if inner == Device::ndarray() {
             return true;
         }
@@ -480,7 +479,7 @@ mod tests {
                 let w = values(k * n, 2);
                 for layout in [Layout::Panels, Layout::OutIn] {
                     let mat = match layout {
-                        Layout::Panels => HostMatrix::panels(&w, k, n),
+                        Layout::Panels => HostMatrix::panels(&[(n, w.clone())], k),
                         Layout::OutIn => HostMatrix {
                             data: w.clone(),
                             k,
@@ -514,5 +513,24 @@ mod tests {
         let c = Tensor::<2>::from_floats([[1.0, 2.0, 3.0]], &device);
         let d = Tensor::<2>::from_floats([[1.0], [2.0]], &device);
         assert!(HostMatrix::from_in_out(&[c, d]).is_err());
+        // Parts whose columns straddle panel boundaries.
+        let (k, widths) = (5, [20, 50, 7]);
+        let parts: Vec<(usize, Vec<f32>)> = widths
+            .iter()
+            .zip(1..)
+            .map(|(&w, seed)| (w, values(k * w, seed)))
+            .collect();
+        let n: usize = widths.iter().sum();
+        let fused: Vec<f32> = (0..k)
+            .flat_map(|row| {
+                parts
+                    .iter()
+                    .flat_map(move |(w, d)| d[row * w..(row + 1) * w].to_vec())
+            })
+            .collect();
+        let x = values(3 * k, 9);
+        let got = HostMatrix::panels(&parts, k).matmul(&x);
+        let want = naive(&x, 3, k, &fused, n, Layout::Panels);
+        assert!(got.iter().zip(&want).all(|(g, e)| (g - e).abs() < 1e-5));
     }
 }
