@@ -407,6 +407,11 @@ fn lora_trains_adapters_and_merges_on_export() {
         max_diff(&after, &base) > 1e-4,
         "adapters changed the output"
     );
+    // The decode kernels' host copies carry the adapters (`val()` is base + scale · A·B).
+    let host = HostWeights::new(&model).expect("host weights");
+    let decoded = incremental(&model, &input, 2, Some(&host));
+    let diff = max_diff(&decoded, &after);
+    assert!(diff < 1e-4, "LoRA model decoded on the CPU kernels: {diff}");
     let embed_before = to_vec(p.model.embed_tokens.weight.val().unsqueeze::<3>());
     let embed_after = to_vec(model.embed_tokens.weight.val().unsqueeze::<3>());
     assert_eq!(embed_before, embed_after, "non-adapted weights are frozen");
