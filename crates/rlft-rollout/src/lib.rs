@@ -7,6 +7,7 @@
 pub mod dataset;
 pub mod env;
 pub mod expr;
+mod layout;
 pub mod reward;
 mod rollout;
 mod sampler;
@@ -14,6 +15,7 @@ pub mod task;
 
 pub use dataset::{DataCursor, DataLoader, Dataset, Example, Prompt};
 pub use env::{Calculator, EnvStep, Environment, SingleTurn, Tool, ToolEnv};
+pub use layout::LearnerBatch;
 pub use reward::{
     AnswerFormat, ExactMatch, FormatReward, LengthPenalty, OverlongShaping, Reward, RewardInput,
     RewardOutcome, RewardSet,

@@ -5,7 +5,7 @@
 //! sampling itself needs it) and nothing else. Rows that finish are dropped from the batch and
 //! from the KV cache, so they stop costing compute.
 
-use crate::{Result, RolloutError};
+use crate::{LearnerBatch, Result, RolloutError};
 use burn::config::Config;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::rngs::StdRng;
@@ -336,41 +336,26 @@ impl<'a> Sampler<'a> {
         temperature: f64,
     ) -> Result<()> {
         let device = self.model.embed_tokens.weight.device();
-        let pl = prompts.iter().map(Vec::len).max().unwrap_or(1);
-        let rl = done.iter().map(|c| c.tokens.len()).max().unwrap_or(1);
-        let (n, w) = (prompts.len(), pl + rl);
-        let mut ids = vec![self.pad_id as i64; n * w];
-        let mut mask = vec![0i64; n * w];
-        let mut pos = vec![0i64; n * w];
-        for (i, (p, c)) in prompts.iter().zip(done.iter()).enumerate() {
-            for (j, &t) in p.iter().chain(&c.tokens).enumerate() {
-                let col = pl - p.len() + j;
-                ids[i * w + col] = t as i64;
-                mask[i * w + col] = 1;
-                pos[i * w + col] = j as i64;
-            }
-        }
-        let labels: Vec<i64> = (0..n)
-            .flat_map(|i| ids[i * w + pl..(i + 1) * w].to_vec())
+        let rows: Vec<Vec<u32>> = prompts
+            .iter()
+            .zip(done.iter())
+            .map(|(p, c)| [&p[..], &c.tokens[..]].concat())
             .collect();
-        let int2 = |v: Vec<i64>, c: usize| {
-            Tensor::<2, Int>::from_data(TensorData::new(v, [n, c]), &device)
-        };
-        let input = ForwardInput {
-            input_ids: int2(ids, w),
-            position_ids: int2(pos, w),
-            attention_mask: Some(int2(mask, w)),
-        };
-        let logits = self.model.forward_positions(&input, pl - 1, rl);
-        let lp = rlft_algo::logprobs_from_logits(logits, int2(labels, rl), Some(temperature))
+        let rows: Vec<(&[u32], usize)> = rows
+            .iter()
+            .zip(prompts)
+            .map(|(r, p)| (&r[..], p.len()))
+            .collect();
+        let batch = LearnerBatch::new(&rows, self.pad_id as i64, &device);
+        let logits = batch.response_logits(self.model);
+        let lp = rlft_algo::logprobs_from_logits(logits, batch.targets(), Some(temperature))
             .map_err(|e| RolloutError::Input(format!("rescoring: {e}")))?
             .into_data()
             .convert::<f32>()
             .try_into_vec::<f32>()
             .map_err(|e| RolloutError::Input(format!("log-probs to host: {e:?}")))?;
         for (i, c) in done.iter_mut().enumerate() {
-            let k = c.tokens.len();
-            c.logprobs = lp[i * rl..i * rl + k].to_vec();
+            c.logprobs = batch.unpack(&lp, i, c.tokens.len());
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use crate::recipe::Recipe;
 use crate::{Result, TrainError, io_err};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer};
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use rlft_algo::advantage::{AdvantageEstimator, AdvantageInput};
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
 use rlft_algo::kl::{KlEstimator, kl_penalty};
@@ -21,12 +21,10 @@ use rlft_algo::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
 use rlft_algo::ratio::RatioLevel;
 use rlft_algo::shaping::OverlongPenalty;
 use rlft_algo::{entropy_from_logits, logprobs_from_logits};
-use rlft_model::{
-    ForwardInput, LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel,
-};
+use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
 use rlft_rollout::{
-    DataCursor, DataLoader, Dataset, Environment, Example, Group, RewardSet, RolloutConfig,
-    SamplingConfig, Split, Task, TaskKind, Trajectory, rollout,
+    DataCursor, DataLoader, Dataset, Environment, Example, Group, LearnerBatch, RewardSet,
+    RolloutConfig, SamplingConfig, Split, Task, TaskKind, Trajectory, rollout,
 };
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -1066,96 +1064,18 @@ impl Trainer {
     /// Packs rows in the learner's layout — prompts left-padded to the longest prompt `P`,
     /// responses right-padded to the longest response `R` (the sampler's rescoring layout) —
     /// and a `[n, R]` tensor of the per-response-token values `field`.
-    fn pack(&self, rows: &[&Row], field: impl Fn(&Row) -> &[f32]) -> (Packed, Tensor<2>) {
-        let p = rows.iter().map(|r| r.prompt_len).max().unwrap_or(1).max(1);
-        let r = rows.iter().map(|r| r.resp_len()).max().unwrap_or(1).max(1);
-        let (n, w) = (rows.len(), p + r);
+    fn pack(&self, rows: &[&Row], field: impl Fn(&Row) -> &[f32]) -> (LearnerBatch, Tensor<2>) {
+        let seqs: Vec<(&[i64], usize)> = rows.iter().map(|r| (&r.ids[..], r.prompt_len)).collect();
         let pad = self.tokenizer.pad_id.unwrap_or(0) as i64;
-        let mut ids = vec![pad; n * w];
-        let mut attention = vec![0i64; n * w];
-        let mut positions = vec![0i64; n * w];
-        let mut vals = vec![0.0f32; n * r];
+        let packed = LearnerBatch::new(&seqs, pad, &self.device);
+        let r = packed.response_len();
+        let mut vals = vec![0.0f32; rows.len() * r];
         for (k, row) in rows.iter().enumerate() {
-            let start = p - row.prompt_len;
-            for (j, &t) in row.ids.iter().enumerate() {
-                ids[k * w + start + j] = t;
-                attention[k * w + start + j] = 1;
-                positions[k * w + start + j] = j as i64;
-            }
             let f = field(row);
             vals[k * r..k * r + f.len()].copy_from_slice(f);
         }
-        let packed = Packed {
-            ids,
-            attention,
-            positions,
-            n,
-            p,
-            r,
-            device: self.device.clone(),
-        };
-        let t = t2(&self.device, vals, n, r);
+        let t = t2(&self.device, vals, rows.len(), r);
         (packed, t)
-    }
-}
-
-/// A micro-batch in the learner's layout: `[n, P + R]`, prompts left-padded, responses
-/// right-padded.
-struct Packed {
-    ids: Vec<i64>,
-    attention: Vec<i64>,
-    positions: Vec<i64>,
-    n: usize,
-    p: usize,
-    r: usize,
-    device: Device,
-}
-
-impl Packed {
-    fn width(&self) -> usize {
-        self.p + self.r
-    }
-    fn int2(&self, v: Vec<i64>, cols: usize) -> Tensor<2, Int> {
-        Tensor::from_data(TensorData::new(v, [self.n, cols]), &self.device)
-    }
-    fn input(&self) -> ForwardInput {
-        let w = self.width();
-        ForwardInput {
-            input_ids: self.int2(self.ids.clone(), w),
-            position_ids: self.int2(self.positions.clone(), w),
-            attention_mask: Some(self.int2(self.attention.clone(), w)),
-        }
-    }
-    /// Response token ids `[n, R]` (the labels of [`Packed::response`]).
-    fn targets(&self) -> Tensor<2, Int> {
-        let w = self.width();
-        let t: Vec<i64> = (0..self.n)
-            .flat_map(|k| self.ids[k * w + self.p..(k + 1) * w].to_vec())
-            .collect();
-        self.int2(t, self.r)
-    }
-    /// Logits `[n, R, vocab]` at the `R` positions that predict the response tokens.
-    fn response_logits(&self, model: &Transformer) -> Tensor<3> {
-        model.forward_positions(&self.input(), self.p - 1, self.r)
-    }
-    /// The `R` positions that predict the response tokens: `[n, P + R, x] → [n, R, x]`.
-    fn response(&self, per_position: Tensor<3>) -> Tensor<3> {
-        per_position.narrow(1, self.p - 1, self.r)
-    }
-    fn to_device(&self, device: &Device) -> Self {
-        Self {
-            ids: self.ids.clone(),
-            attention: self.attention.clone(),
-            positions: self.positions.clone(),
-            n: self.n,
-            p: self.p,
-            r: self.r,
-            device: device.clone(),
-        }
-    }
-    /// Row `k`'s first `len` values out of a host `[n, R]` block.
-    fn unpack(&self, flat: &[f32], k: usize, len: usize) -> Vec<f32> {
-        flat[k * self.r..k * self.r + len].to_vec()
     }
 }
 
