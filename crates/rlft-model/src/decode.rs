@@ -2,10 +2,11 @@
 //!
 //! A decode step multiplies one row per sequence (8 for a group of 8) by every weight matrix of
 //! the model, so its speed is how fast the weights stream from memory. A general matrix multiply
-//! packs its operands into tiles first, which pays off for many rows but not for a handful:
-//! here each weight is read once, in place, split across threads by output columns, and every
-//! output row is accumulated from the same load. [`HostWeights`] keeps host copies of a model's
-//! projections (q/k/v and gate/up fused) for [`Transformer::forward_decode`].
+//! packs its operands into tiles on every call, which pays off for many rows but not for a
+//! handful. Here the weights are packed once, when [`HostWeights`] copies them to host memory
+//! (q/k/v and gate/up fused), into column panels that lie contiguously; a decode step then reads
+//! each panel once, in order, split across threads by output columns, and accumulates every row
+//! from the same load. [`Transformer::forward_decode`] runs on these copies.
 //!
 //! The kernels use AVX-512 (checked at run time); without it [`HostWeights::suits`] says no and
 //! decoding stays on the backend. A plain-Rust version of each kernel is the reference the
@@ -16,7 +17,7 @@ use crate::{ModelError, Result};
 use burn::tensor::{Device, Tensor};
 use rayon::prelude::*;
 
-/// Lanes per accumulator: one AVX-512 register, two AVX2 registers.
+/// Lanes per accumulator (one AVX-512 register).
 const LANES: usize = 16;
 /// Output columns per panel of a `[k, n]` product.
 const PANEL: usize = 2 * LANES;
@@ -413,11 +414,6 @@ impl HostWeights {
             None => HostMatrix::from_out_in(model.embed_tokens.weight.val())?,
         };
         Ok(Self { layers, head })
-    }
-
-    #[doc(hidden)]
-    pub fn debug_layer(&self, i: usize) -> (&HostMatrix, &HostMatrix, &HostMatrix) {
-        (&self.layers[i].gate_up, &self.layers[i].down, &self.head)
     }
 
     /// Whether decoding on `device` reads tensors from host memory, where these kernels apply
