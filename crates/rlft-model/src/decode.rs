@@ -151,10 +151,7 @@ impl HostMatrix {
             .map(|j0| {
                 let width = block.min(n - j0);
                 let mut o = vec![0f32; m * width];
-                match self.layout {
-                    Layout::Panels => isa.panels(x, m, k, &self.data, j0, width, &mut o),
-                    Layout::OutIn => isa.out_in(x, m, k, &self.data, j0, width, &mut o),
-                }
+                self.columns(isa, x, m, j0, width, &mut o);
                 (j0, o)
             })
             .collect();
@@ -162,6 +159,38 @@ impl HostMatrix {
             let width = o.len() / m;
             for r in 0..m {
                 out[r * n + j0..r * n + j0 + width].copy_from_slice(&o[r * width..(r + 1) * width]);
+            }
+        }
+    }
+
+    /// Columns `j0..j0 + width` of `x · W` (`m` rows) into `out` (`[m, width]`); for
+    /// [`Layout::Panels`] `j0` is a multiple of [`PANEL`].
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn columns(&self, isa: Isa, x: &[f32], m: usize, j0: usize, width: usize, out: &mut [f32]) {
+        let (k, w) = (self.k, &self.data[..]);
+        match self.layout {
+            Layout::Panels => {
+                for c in (0..width).step_by(PANEL) {
+                    let panel = &w[(j0 + c) / PANEL * k * PANEL..][..k * PANEL];
+                    let cols = PANEL.min(width - c);
+                    #[cfg(target_arch = "x86_64")]
+                    if isa == Isa::Avx512 {
+                        // SAFETY: `detect` saw AVX-512.
+                        unsafe { x86::panel_avx512(x, m, k, panel, out, width, c, cols) };
+                        continue;
+                    }
+                    panel_block(x, m, k, panel, out, width, c, cols);
+                }
+            }
+            Layout::OutIn => {
+                #[cfg(target_arch = "x86_64")]
+                if isa == Isa::Avx512 {
+                    // SAFETY: `detect` saw AVX-512; rows and columns lie inside `w` and `out`
+                    // (asserted).
+                    unsafe { x86::dots_avx512(x, m, k, w, j0, width, out) };
+                    return;
+                }
+                out_in_block(x, m, k, w, j0, width, out)
             }
         }
     }
@@ -185,52 +214,6 @@ impl Isa {
             return Isa::Avx512;
         }
         Isa::Base
-    }
-
-    /// Columns `j0..j0 + width` (`j0` a multiple of [`PANEL`]) of `x · W` for `W` packed in
-    /// panels.
-    #[allow(clippy::too_many_arguments)]
-    fn panels(
-        self,
-        x: &[f32],
-        m: usize,
-        k: usize,
-        w: &[f32],
-        j0: usize,
-        width: usize,
-        out: &mut [f32],
-    ) {
-        for c in (0..width).step_by(PANEL) {
-            let panel = &w[(j0 + c) / PANEL * k * PANEL..][..k * PANEL];
-            let cols = PANEL.min(width - c);
-            #[cfg(target_arch = "x86_64")]
-            if self == Isa::Avx512 {
-                // SAFETY: `detect` saw AVX-512.
-                unsafe { x86::panel_avx512(x, m, k, panel, out, width, c, cols) };
-                continue;
-            }
-            panel_block(x, m, k, panel, out, width, c, cols);
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn out_in(
-        self,
-        x: &[f32],
-        m: usize,
-        k: usize,
-        w: &[f32],
-        j0: usize,
-        width: usize,
-        out: &mut [f32],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if self == Isa::Avx512 {
-            // SAFETY: `detect` saw AVX-512; rows and columns lie inside `w` and `out` (asserted).
-            unsafe { x86::dots_avx512(x, m, k, w, j0, width, out) };
-            return;
-        }
-        out_in_block(x, m, k, w, j0, width, out)
     }
 }
 

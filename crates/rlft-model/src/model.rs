@@ -134,8 +134,7 @@ impl Transformer {
         cache: &mut KvCache,
         host: Option<&HostWeights>,
     ) -> Tensor<3> {
-        let [b, l] = input.input_ids.dims();
-        let host = host.filter(|_| b * l <= DECODE_ROWS);
+        let host = host.filter(|_| runs_on_decode_kernels(input));
         let h = self.hidden_states_cached(input, Some(cache), host);
         match host {
             Some(w) => with_bias(host_matmul(&w.head, h), self.lm_head.as_ref()),
@@ -207,11 +206,14 @@ impl Transformer {
             x = x + h;
             let h = layer.post_attention_layernorm.forward(x.clone());
             let m = &layer.mlp;
-            let unbiased = [&m.gate_proj, &m.up_proj, &m.down_proj]
-                .iter()
-                .all(|p| p.bias.is_none());
             let h = match host {
-                Some(w) if unbiased => host_mlp(w, h),
+                Some(w)
+                    if [&m.gate_proj, &m.up_proj, &m.down_proj]
+                        .iter()
+                        .all(|p| p.bias.is_none()) =>
+                {
+                    host_mlp(w, h)
+                }
                 _ => m
                     .down_proj
                     .forward(silu(m.gate_proj.forward(h.clone())) * m.up_proj.forward(h)),
@@ -291,6 +293,13 @@ impl Transformer {
 /// batched decode step; longer steps are prompts, where the backend's tiled product is faster.
 pub const DECODE_ROWS: usize = 2 * MAX_ROWS;
 
+/// Whether [`Transformer::forward_decode`] runs `input` through the CPU kernels (a step of at
+/// most [`DECODE_ROWS`] tokens).
+pub fn runs_on_decode_kernels(input: &ForwardInput) -> bool {
+    let [b, l] = input.input_ids.dims();
+    b * l <= DECODE_ROWS
+}
+
 fn to_host(x: Tensor<3>) -> Vec<f32> {
     x.into_data()
         .convert::<f32>()
@@ -298,32 +307,38 @@ fn to_host(x: Tensor<3>) -> Vec<f32> {
         .expect("converted to f32")
 }
 
-/// `x · W` by the host kernel, in `x`'s dtype and on its device.
+/// `f(x)` for a host function `f` of `[rows, k]` row-major values giving `[rows, n]`: `x` goes
+/// to the host and the result comes back in `x`'s dtype and on its device.
 ///
 /// # Shapes
 /// - `x`: `[b, l, k]` → `[b, l, n]`.
-fn host_matmul(w: &HostMatrix, x: Tensor<3>) -> Tensor<3> {
+fn on_host(x: Tensor<3>, n: usize, f: impl FnOnce(&[f32]) -> Vec<f32>) -> Tensor<3> {
     let [b, l, _] = x.dims();
     let (device, dtype) = (x.device(), x.dtype());
-    let out = w.matmul(&to_host(x));
-    Tensor::<3>::from_data(TensorData::new(out, [b, l, w.out_features()]), &device).cast(dtype)
+    let out = f(&to_host(x));
+    Tensor::<3>::from_data(TensorData::new(out, [b, l, n]), &device).cast(dtype)
+}
+
+/// `x · W` by the host kernel.
+fn host_matmul(w: &HostMatrix, x: Tensor<3>) -> Tensor<3> {
+    on_host(x, w.out_features(), |x| w.matmul(x))
 }
 
 /// `down(silu(gate(x)) · up(x))` by the host kernels.
 fn host_mlp(w: &HostLayer, x: Tensor<3>) -> Tensor<3> {
-    let [b, l, _] = x.dims();
-    let (device, dtype) = (x.device(), x.dtype());
     let inter = w.down.in_features();
-    let gate_up = w.gate_up.matmul(&to_host(x));
-    let act: Vec<f32> = gate_up
-        .chunks(2 * inter)
-        .flat_map(|row| {
-            let (g, u) = row.split_at(inter);
-            g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-        })
-        .collect();
-    let out = w.down.matmul(&act);
-    Tensor::<3>::from_data(TensorData::new(out, [b, l, w.down.out_features()]), &device).cast(dtype)
+    on_host(x, w.down.out_features(), |x| {
+        let act: Vec<f32> = w
+            .gate_up
+            .matmul(x)
+            .chunks(2 * inter)
+            .flat_map(|row| {
+                let (g, u) = row.split_at(inter);
+                g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+            })
+            .collect();
+        w.down.matmul(&act)
+    })
 }
 
 /// Adds `linear`'s bias (if it has one) to its product `y`.

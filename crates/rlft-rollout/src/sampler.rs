@@ -11,7 +11,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
-use rlft_model::model::DECODE_ROWS;
+use rlft_model::model::runs_on_decode_kernels;
 use rlft_model::{ForwardInput, HostWeights, KvCache, Tokenizer, Transformer};
 use serde::{Deserialize, Serialize};
 
@@ -219,8 +219,8 @@ impl<'a> Sampler<'a> {
         };
         let vocab = self.model.embed_tokens.weight.dims()[0];
         while !rows.is_empty() {
-            let [rows_now, len_now] = input.input_ids.dims();
-            let host = if rows_now * len_now <= DECODE_ROWS {
+            // Only steps the kernels run make the host copies (a large batch may never need them).
+            let host = if runs_on_decode_kernels(&input) {
                 self.host_weights()?
             } else {
                 None
@@ -392,15 +392,21 @@ fn argmax(x: &[f32]) -> usize {
 /// `x`: greedy without a variate `u`, else drawn as [`sample`] does. One pass of `exp` serves
 /// both the normaliser and the draw.
 fn pick(x: &[f32], cfg: &SamplingConfig, u: Option<f64>) -> (usize, f32) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let p: Vec<f32> = x.iter().map(|&v| (v - max).exp()).collect();
-    let total: f64 = p.iter().map(|&q| f64::from(q)).sum();
+    let (max, p, total) = exp_weights(x);
     let token = match u {
         None => argmax(x),
         Some(u) if !cfg.has_filters() => inverse_cdf(&p, u * total),
         Some(u) => sample(x, cfg, u),
     };
     (token, x[token] - max - total.ln() as f32)
+}
+
+/// `(max x, exp(x − max), Σ exp(x − max))`: the unnormalised probabilities of logits `x`.
+fn exp_weights(x: &[f32]) -> (f32, Vec<f32>, f64) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let p: Vec<f32> = x.iter().map(|&v| (v - max).exp()).collect();
+    let total = p.iter().map(|&q| f64::from(q)).sum();
+    (max, p, total)
 }
 
 /// The first index where the running sum of `p` exceeds `target` (the last nonzero one if
@@ -424,9 +430,7 @@ fn inverse_cdf(p: &[f32], target: f64) -> usize {
 /// top-k, min-p and top-p (in that order, as vLLM does) when set.
 fn sample(lp: &[f32], cfg: &SamplingConfig, u: f64) -> usize {
     if !cfg.has_filters() {
-        let max = lp.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let p: Vec<f32> = lp.iter().map(|&x| (x - max).exp()).collect();
-        let total: f64 = p.iter().map(|&q| f64::from(q)).sum();
+        let (_, p, total) = exp_weights(lp);
         return inverse_cdf(&p, u * total);
     }
     let mut idx: Vec<usize> = (0..lp.len()).collect();
