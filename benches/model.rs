@@ -51,6 +51,7 @@ fn bench(c: &mut Criterion) {
                 &device,
             ),
             attention_mask: None,
+            segment_ids: None,
         };
         g.bench_function(format!("decode_step_b{batch}_ctx32"), |b| {
             b.iter(|| {

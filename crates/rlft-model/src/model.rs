@@ -78,6 +78,10 @@ pub struct ForwardInput {
     pub position_ids: Tensor<2, Int>,
     /// `1` for real tokens, `0` for padding, `[batch, L]`.
     pub attention_mask: Option<Tensor<2, Int>>,
+    /// Several sequences packed into one row: each token's sequence id, `[batch, L]`; a token
+    /// attends only to earlier tokens with the same id. `None`: one sequence per row. Only for
+    /// passes without a KV cache.
+    pub segment_ids: Option<Tensor<2, Int>>,
 }
 
 impl ForwardInput {
@@ -91,6 +95,7 @@ impl ForwardInput {
             input_ids,
             position_ids: pos,
             attention_mask: None,
+            segment_ids: None,
         }
     }
 }
@@ -124,6 +129,18 @@ impl Transformer {
         self.forward_decode(input, cache, None)
     }
 
+    /// Logits `[1, n, vocab]` at `n` positions of the pass, given as indices into its `batch·L`
+    /// positions flattened row by row. The output head runs at those positions only (a learner
+    /// needs logits where response tokens are predicted, wherever the layout put them).
+    ///
+    /// # Shapes
+    /// - input ids `[batch, L]`, `positions` `[n]` with values `< batch·L` → `[1, n, vocab]`.
+    pub fn forward_at(&self, input: &ForwardInput, positions: Tensor<1, Int>) -> Tensor<3> {
+        let h = self.hidden_states(input);
+        let [b, l, d] = h.dims();
+        self.logits(h.reshape([b * l, d]).select(0, positions).unsqueeze::<3>())
+    }
+
     /// [`Transformer::forward_cached`] with the weight products of steps of at most
     /// [`DECODE_ROWS`] tokens (decoding) done by the CPU kernels of [`crate::decode`] on `host`,
     /// host copies of this model's weights (made with [`HostWeights::new`]; only for models on
@@ -148,16 +165,19 @@ impl Transformer {
             None => {
                 let [b, l, d] = h.dims();
                 let w = self.embed_tokens.weight.val();
-                if b * l <= 64 {
+                let v = w.dims()[0];
+                let rows = h.reshape([b * l, d]);
+                // One `[b·l, d]` product, not a batched one against a broadcast weight: the
+                // backward pass of a broadcast operand builds a `[b, d, vocab]` gradient and
+                // sums it over `b`.
+                let logits = if b * l <= 64 {
                     // Few rows (decoding): `W·hᵀ` reads the `[vocab, d]` embedding in place;
                     // `h·Wᵀ` would copy a transposed `[d, vocab]` matrix on every step.
-                    let v = w.dims()[0];
-                    w.matmul(h.reshape([b * l, d]).transpose())
-                        .transpose()
-                        .reshape([b, l, v])
+                    w.matmul(rows.transpose()).transpose()
                 } else {
-                    h.matmul(w.transpose().unsqueeze::<3>())
-                }
+                    rows.matmul(w.transpose())
+                };
+                logits.reshape([b, l, v])
             }
         }
     }
@@ -192,7 +212,13 @@ impl Transformer {
             .equal_elem(0)
             .unsqueeze_dim::<3>(1)
             .unsqueeze_dim::<4>(1);
-        let mask = causal.bool_or(pad.expand([b, 1, l, total]));
+        let mut mask = causal.bool_or(pad.expand([b, 1, l, total]));
+        if let Some(seg) = input.segment_ids.as_ref().filter(|_| past == 0) {
+            // Packed sequences: no attention across sequence boundaries.
+            let q = seg.clone().unsqueeze_dim::<3>(2).expand([b, l, l]);
+            let other = q.not_equal(seg.clone().unsqueeze_dim::<3>(1).expand([b, l, l]));
+            mask = mask.bool_or(other.unsqueeze_dim::<4>(1));
+        }
         if let Some(c) = cache.as_mut() {
             c.mask = Some(key_mask);
             c.len = total;
@@ -375,7 +401,8 @@ impl KvCache {
     }
 
     /// Keeps only the batch rows `rows` (in that order), e.g. to drop finished sequences from a
-    /// batched decode so they stop costing compute.
+    /// batched decode so they stop costing compute. A row listed twice is copied (a prompt
+    /// prefilled once, then decoded several times).
     pub fn select_rows(&mut self, rows: &[usize]) {
         let Some(mask) = self.mask.take() else {
             return;

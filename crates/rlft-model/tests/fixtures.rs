@@ -87,6 +87,7 @@ fn greedy_cached(model: &Transformer, prompt: &[i64], steps: usize, device: &Dev
             input_ids: int2(vec![arg], [1, 1], device),
             position_ids: int2(vec![seq.len() as i64 - 1], [1, 1], device),
             attention_mask: None,
+            segment_ids: None,
         };
     }
     assert_eq!(cache.len(), seq.len() - 1);
@@ -107,6 +108,7 @@ fn incremental(
         input_ids: input.input_ids.clone().narrow(1, a, n),
         position_ids: input.position_ids.clone().narrow(1, a, n),
         attention_mask: input.attention_mask.clone().map(|m| m.narrow(1, a, n)),
+        segment_ids: None,
     };
     let mut cache = KvCache::new();
     let mut parts = vec![model.forward_decode(&cols(0, split), &mut cache, host)];
@@ -181,6 +183,7 @@ fn check_fixture(name: &str) {
         input_ids: int2(rows.concat(), [b, l], &device),
         position_ids: int2(flat("position_ids"), [b, l], &device),
         attention_mask: Some(int2(flat("attention_mask"), [b, l], &device)),
+        segment_ids: None,
     };
     let (got, [_, _, v]) = logits(&model, input.clone());
     let cached = incremental(&model, &input, l - 3, None);

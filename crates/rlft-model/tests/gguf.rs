@@ -341,6 +341,7 @@ fn smollm2_gguf_continues_armstrong_and_tokenizes_like_its_export() {
                 &device,
             ),
             attention_mask: None,
+            segment_ids: None,
         };
     }
     let text = tok.decode(&new, false).unwrap();

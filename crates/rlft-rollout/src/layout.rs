@@ -1,68 +1,147 @@
 //! The learner's batch layout, shared by rescoring and the trainer.
 //!
-//! Rows of prompt + response tokens are packed as `[n, P + R]`: prompts left-padded to the
-//! longest prompt `P`, responses right-padded to the longest response `R`, positions counted per
-//! row from its first real token, and an attention mask over the real tokens. The `R` logits
-//! that predict the response tokens are then at positions `P - 1 .. P - 1 + R` for every row, so
-//! one slice serves the whole batch. Rescoring the sampler's μ and the learner's π must build the
-//! same layout, or the two differ by the rounding of different shapes.
+//! Rows of prompt + response tokens are packed without padding between them ("padding-free",
+//! like verl's `use_remove_padding`): whole rows are laid end to end in `bins` rows of width
+//! `W`, each token carrying its row's id so attention never crosses into a neighbour, positions
+//! counted per row from its first token. Only the ends of the bins are padding. The output head
+//! then runs at the positions that predict response tokens, flattened to `[1, T, vocab]` for the
+//! `T` response tokens of the batch, and [`LearnerBatch::rows`] lays per-token results out as
+//! `[n, R]` (zeros past each response) for the losses. In a GRPO batch whose longest response
+//! is twice the mean, this halves the learner's work compared with padding every row to the
+//! longest. Rescoring the sampler's μ and the learner's π must build the same layout, or the two
+//! differ by the rounding of different shapes.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rlft_model::{ForwardInput, Transformer};
 
+/// Widths tried for the bins, as multiples of the longest row: the narrowest of the least
+/// total area wins (attention grows with the square of the width).
+const WIDTHS: [usize; 4] = [1, 2, 3, 4];
+
 /// Rows in the learner's layout (see the module docs).
 #[derive(Debug, Clone)]
 pub struct LearnerBatch {
+    /// `[bins, W]` token ids, positions, and row ids (`-1` on padding).
     ids: Vec<i64>,
-    attention: Vec<i64>,
     positions: Vec<i64>,
+    segments: Vec<i64>,
+    bins: usize,
+    width: usize,
+    /// Index into the flattened `[bins·W]` positions of the position that predicts each
+    /// response token, rows in order (`T` entries).
+    predict: Vec<i64>,
+    /// The response tokens themselves (`T`).
+    targets: Vec<i64>,
+    /// For row `k`, slot `j < R`: its index in `0..T`, or `T` past the row's response.
+    slots: Vec<i64>,
     n: usize,
-    p: usize,
     r: usize,
     device: Device,
 }
 
+/// First-fit decreasing: the bin of each row (rows given by length) for bins of `width`.
+fn first_fit(lens: &[usize], width: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    order.sort_by_key(|&k| std::cmp::Reverse(lens[k]));
+    let (mut fill, mut bin_of) = (Vec::<usize>::new(), vec![0; lens.len()]);
+    for k in order {
+        let b = match fill.iter().position(|&f| f + lens[k] <= width) {
+            Some(b) => b,
+            None => {
+                fill.push(0);
+                fill.len() - 1
+            }
+        };
+        bin_of[k] = b;
+        fill[b] += lens[k];
+    }
+    (bin_of, fill)
+}
+
 impl LearnerBatch {
     /// Packs rows given as `(prompt + response tokens, prompt length)`; padding uses `pad_id`.
+    /// A row with an empty prompt gets one `pad_id` token in front, whose logits predict its
+    /// first response token.
     pub fn new<T: Copy + Into<i64>>(rows: &[(&[T], usize)], pad_id: i64, device: &Device) -> Self {
-        let p = rows.iter().map(|(_, pl)| *pl).max().unwrap_or(1).max(1);
+        let n = rows.len();
+        let lens: Vec<usize> = rows
+            .iter()
+            .map(|(ids, pl)| ids.len() + usize::from(*pl == 0))
+            .collect();
         let r = rows
             .iter()
             .map(|(ids, pl)| ids.len().saturating_sub(*pl))
             .max()
-            .unwrap_or(1)
+            .unwrap_or(0)
             .max(1);
-        let (n, w) = (rows.len(), p + r);
-        let mut ids = vec![pad_id; n * w];
-        let mut attention = vec![0i64; n * w];
-        let mut positions = vec![0i64; n * w];
+        let longest = lens.iter().copied().max().unwrap_or(1).max(1);
+        let (width, (bin_of, fill)) = WIDTHS
+            .iter()
+            .map(|m| (longest * m, first_fit(&lens, longest * m)))
+            .min_by_key(|(w, (_, fill))| (fill.len() * w, *w))
+            .expect("WIDTHS is not empty");
+        let bins = fill.len().max(1);
+        let mut ids = vec![pad_id; bins * width];
+        let mut positions = vec![0i64; bins * width];
+        let mut segments = vec![-1i64; bins * width];
+        let mut used = vec![0usize; bins];
+        let (mut predict, mut targets, mut slots) = (Vec::new(), Vec::new(), vec![0i64; n * r]);
         for (k, (row, pl)) in rows.iter().enumerate() {
-            let start = k * w + p - pl;
-            for (j, &t) in row.iter().enumerate() {
-                ids[start + j] = t.into();
-                attention[start + j] = 1;
+            let b = bin_of[k];
+            let start = b * width + used[b];
+            used[b] += lens[k];
+            let lead = usize::from(*pl == 0);
+            let toks = std::iter::repeat_n(pad_id, lead).chain(row.iter().map(|&t| t.into()));
+            for (j, t) in toks.enumerate() {
+                ids[start + j] = t;
                 positions[start + j] = j as i64;
+                segments[start + j] = k as i64;
+            }
+            let pl = pl + lead;
+            for j in 0..r {
+                slots[k * r + j] = if pl + j < lens[k] {
+                    predict.push((start + pl + j - 1) as i64);
+                    targets.push(ids[start + pl + j]);
+                    (predict.len() - 1) as i64
+                } else {
+                    -1
+                };
+            }
+        }
+        let t = predict.len() as i64;
+        for s in &mut slots {
+            if *s < 0 {
+                *s = t;
             }
         }
         Self {
             ids,
-            attention,
             positions,
+            segments,
+            bins,
+            width,
+            predict,
+            targets,
+            slots,
             n,
-            p,
             r,
             device: device.clone(),
         }
     }
 
     /// Rows `n`.
-    pub fn rows(&self) -> usize {
+    pub fn rows_len(&self) -> usize {
         self.n
     }
 
     /// Response width `R` (the longest response).
     pub fn response_len(&self) -> usize {
         self.r
+    }
+
+    /// Response tokens `T` in the batch.
+    pub fn tokens(&self) -> usize {
+        self.targets.len()
     }
 
     /// The same rows, building their tensors on `device`.
@@ -73,39 +152,58 @@ impl LearnerBatch {
         }
     }
 
-    fn int2(&self, v: Vec<i64>, cols: usize) -> Tensor<2, Int> {
-        Tensor::from_data(TensorData::new(v, [self.n, cols]), &self.device)
+    fn int(&self, v: &[i64], shape: [usize; 2]) -> Tensor<2, Int> {
+        Tensor::from_data(TensorData::new(v.to_vec(), shape), &self.device)
     }
 
-    /// The forward-pass input `[n, P + R]`.
+    fn int1(&self, v: &[i64]) -> Tensor<1, Int> {
+        Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), &self.device)
+    }
+
+    /// The forward-pass input `[bins, W]`.
     pub fn input(&self) -> ForwardInput {
-        let w = self.p + self.r;
+        let shape = [self.bins, self.width];
+        let real: Vec<i64> = self.segments.iter().map(|&s| i64::from(s >= 0)).collect();
         ForwardInput {
-            input_ids: self.int2(self.ids.clone(), w),
-            position_ids: self.int2(self.positions.clone(), w),
-            attention_mask: Some(self.int2(self.attention.clone(), w)),
+            input_ids: self.int(&self.ids, shape),
+            position_ids: self.int(&self.positions, shape),
+            attention_mask: Some(self.int(&real, shape)),
+            segment_ids: Some(self.int(&self.segments, shape)),
         }
     }
 
-    /// Response token ids `[n, R]` (padding past a row's response), the labels of
+    /// The response tokens `[1, T]`, rows in order: the labels of
     /// [`LearnerBatch::response_logits`].
     pub fn targets(&self) -> Tensor<2, Int> {
-        let w = self.p + self.r;
-        let t: Vec<i64> = (0..self.n)
-            .flat_map(|k| self.ids[k * w + self.p..(k + 1) * w].to_vec())
-            .collect();
-        self.int2(t, self.r)
+        self.int(&self.targets, [1, self.targets.len()])
     }
 
-    /// Logits `[n, R, vocab]` at the `R` positions that predict the response tokens (the output
+    /// Logits `[1, T, vocab]` at the `T` positions that predict the response tokens (the output
     /// head runs at those positions only).
     pub fn response_logits(&self, model: &Transformer) -> Tensor<3> {
-        model.forward_positions(&self.input(), self.p - 1, self.r)
+        model.forward_at(&self.input(), self.int1(&self.predict))
     }
 
-    /// The `R` positions that predict the response tokens: `[n, P + R, x] → [n, R, x]`.
+    /// Per-response-token values `[1, T]` laid out as `[n, R]`, zeros past each response.
+    pub fn rows(&self, flat: Tensor<2>) -> Tensor<2> {
+        let [_, t] = flat.dims();
+        let zero = Tensor::<1>::zeros([1], (&flat.device(), flat.dtype()));
+        Tensor::cat(vec![flat.reshape([t]), zero], 0)
+            .select(0, self.int1(&self.slots))
+            .reshape([self.n, self.r])
+    }
+
+    /// Per-position values of the forward pass `[bins, W, x]` at the `R` positions that predict
+    /// each row's response tokens: `[n, R, x]`, zeros past each response.
     pub fn response(&self, per_position: Tensor<3>) -> Tensor<3> {
-        per_position.narrow(1, self.p - 1, self.r)
+        let [b, w, x] = per_position.dims();
+        let at = per_position
+            .reshape([b * w, x])
+            .select(0, self.int1(&self.predict));
+        let zero = Tensor::<2>::zeros([1, x], (&at.device(), at.dtype()));
+        Tensor::cat(vec![at, zero], 0)
+            .select(0, self.int1(&self.slots))
+            .reshape([self.n, self.r, x])
     }
 
     /// Row `k`'s first `len` values out of a host `[n, R]` block.
@@ -117,23 +215,111 @@ impl LearnerBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rlft_model::TransformerConfig;
+
+    fn host(t: Tensor<2, Int>) -> Vec<i64> {
+        t.into_data().convert::<i64>().try_to_vec::<i64>().unwrap()
+    }
+
+    fn floats<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+    }
 
     #[test]
-    fn prompts_left_padded_responses_right_padded_positions_per_row() {
+    fn rows_packed_end_to_end_with_row_ids_and_positions_per_row() {
         let device = Device::default();
         let a: Vec<u32> = vec![1, 2, 3, 10];
-        let b: Vec<u32> = vec![4, 11, 12];
-        let batch = LearnerBatch::new(&[(&a[..], 3), (&b[..], 1)], 0, &device);
-        assert_eq!((batch.rows(), batch.response_len()), (2, 2));
-        let input = batch.input();
-        let host = |t: Tensor<2, Int>| t.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
-        assert_eq!(host(input.input_ids), vec![1, 2, 3, 10, 0, 0, 0, 4, 11, 12]);
-        assert_eq!(host(input.position_ids), vec![0, 1, 2, 3, 0, 0, 0, 0, 1, 2]);
+        let b: Vec<u32> = vec![4, 11];
+        let c: Vec<u32> = vec![5, 12];
+        let batch = LearnerBatch::new(&[(&a[..], 3), (&b[..], 1), (&c[..], 1)], 0, &device);
         assert_eq!(
-            host(input.attention_mask.unwrap()),
-            vec![1, 1, 1, 1, 0, 0, 0, 1, 1, 1]
+            (batch.rows_len(), batch.response_len(), batch.tokens()),
+            (3, 1, 3)
         );
-        assert_eq!(host(batch.targets()), vec![10, 0, 11, 12]);
+        // Width 4 (the longest row): `a` fills one bin, `b` and `c` share the other.
+        let input = batch.input();
+        assert_eq!(host(input.input_ids), vec![1, 2, 3, 10, 4, 11, 5, 12]);
+        assert_eq!(host(input.position_ids), vec![0, 1, 2, 3, 0, 1, 0, 1]);
+        assert_eq!(
+            host(input.segment_ids.unwrap()),
+            vec![0, 0, 0, 0, 1, 1, 2, 2]
+        );
+        assert_eq!(host(input.attention_mask.unwrap()), vec![1; 8]);
+        assert_eq!(host(batch.targets()), vec![10, 11, 12]);
+        assert_eq!(batch.predict, vec![2, 4, 6]);
+    }
+
+    #[test]
+    fn per_token_values_laid_out_per_row_with_zeros_past_each_response() {
+        let device = Device::default();
+        let a: Vec<u32> = vec![1, 2, 3, 10, 20];
+        let b: Vec<u32> = vec![4, 11];
+        let e: Vec<u32> = vec![6];
+        let rows = [(&a[..], 3), (&b[..], 1), (&e[..], 0)];
+        let batch = LearnerBatch::new(&rows, 0, &device);
+        assert_eq!((batch.response_len(), batch.tokens()), (2, 4));
+        // The empty prompt gets a pad token in front, which predicts the row's first token.
+        assert_eq!(host(batch.targets()), vec![10, 20, 11, 6]);
+        let flat =
+            Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 2., 3., 4.], [1, 4]), &device);
+        assert_eq!(floats(batch.rows(flat)), vec![1.0, 2.0, 3.0, 0.0, 4.0, 0.0]);
+        let [bins, w] = batch.input().input_ids.dims();
+        let per_position = Tensor::<1, Int>::arange(0..(bins * w) as i64, &device)
+            .float()
+            .reshape([bins, w, 1]);
+        let at = floats(batch.response(per_position));
+        let p = |i: usize| batch.predict[i] as f32;
+        assert_eq!(at, vec![p(0), p(1), p(2), 0.0, p(3), 0.0]);
         assert_eq!(batch.unpack(&[1.0, 2.0, 3.0, 4.0], 1, 2), vec![3.0, 4.0]);
+    }
+
+    #[test]
+    fn packed_rows_score_as_if_each_were_alone() {
+        let device = Device::default();
+        let model = TransformerConfig::new(50, 32, 64, 2, 4, 2, 8).init_seeded(&device, 3);
+        let rows: Vec<(Vec<u32>, usize)> = vec![
+            ((1..12).collect(), 5),
+            ((20..25).collect(), 2),
+            ((30..33).collect(), 1),
+            ((40..47).collect(), 6),
+        ];
+        let refs: Vec<(&[u32], usize)> = rows.iter().map(|(r, p)| (&r[..], *p)).collect();
+        let batch = LearnerBatch::new(&refs, 0, &device);
+        assert!(
+            batch.input().input_ids.dims()[0] < rows.len(),
+            "rows share bins"
+        );
+        let packed = floats(
+            batch.rows(
+                rlft_algo::logprobs_from_logits(
+                    batch.response_logits(&model),
+                    batch.targets(),
+                    None,
+                )
+                .unwrap(),
+            ),
+        );
+        let r = batch.response_len();
+        for (k, (row, pl)) in rows.iter().enumerate() {
+            let ids: Vec<i64> = row.iter().map(|&t| t as i64).collect();
+            let input = ForwardInput::new(Tensor::from_data(
+                TensorData::new(ids.clone(), [1, ids.len()]),
+                &device,
+            ));
+            let logits = model.forward_positions(&input, pl - 1, ids.len() - pl);
+            let labels = Tensor::from_data(
+                TensorData::new(ids[*pl..].to_vec(), [1, ids.len() - pl]),
+                &device,
+            );
+            let alone = floats(rlft_algo::logprobs_from_logits(logits, labels, None).unwrap());
+            for (j, v) in alone.iter().enumerate() {
+                let d = (v - packed[k * r + j]).abs();
+                assert!(
+                    d < 1e-5,
+                    "row {k} token {j}: alone {v}, packed {}",
+                    packed[k * r + j]
+                );
+            }
+        }
     }
 }

@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use rlft_model::model::runs_on_decode_kernels;
 use rlft_model::{ForwardInput, HostWeights, KvCache, Tokenizer, Transformer};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 /// How to sample.
 #[derive(Config, Debug, PartialEq)]
@@ -47,7 +48,7 @@ pub struct SamplingConfig {
     #[config(default = 0)]
     pub seed: u64,
     /// After sampling, recompute `log μ` with one full forward pass over the finished batch in
-    /// the learner's layout (prompts left-padded, responses right-padded). Decode steps run other
+    /// the learner's layout ([`LearnerBatch`]: rows packed end to end). Decode steps run other
     /// matmul shapes than a full pass, so their f32 log-probs differ from the learner's by
     /// ≈1e-5; rescoring makes μ exactly what the learner computes, for one extra forward pass.
     #[config(default = false)]
@@ -176,14 +177,27 @@ impl<'a> Sampler<'a> {
         }
         let device = self.model.embed_tokens.weight.device();
         let mut rng = StdRng::seed_from_u64(cfg.seed);
+        // A prompt repeated in the batch (GRPO samples G completions of each) is prefilled
+        // once; its cache rows are copied to every row that shares it.
+        let mut unique: Vec<&Vec<u32>> = Vec::new();
+        let mut first: HashMap<&[u32], usize> = HashMap::new();
+        let source: Vec<usize> = prompts
+            .iter()
+            .map(|p| {
+                *first.entry(&p[..]).or_insert_with(|| {
+                    unique.push(p);
+                    unique.len() - 1
+                })
+            })
+            .collect();
         let (b, lp) = (
-            prompts.len(),
+            unique.len(),
             prompts.iter().map(Vec::len).max().unwrap_or(0),
         );
         let mut ids = Vec::with_capacity(b * lp);
         let mut mask = Vec::with_capacity(b * lp);
         let mut pos = Vec::with_capacity(b * lp);
-        for p in prompts {
+        for p in &unique {
             let pad = lp - p.len();
             ids.extend(std::iter::repeat_n(self.pad_id as i64, pad));
             ids.extend(p.iter().map(|&t| t as i64));
@@ -193,11 +207,12 @@ impl<'a> Sampler<'a> {
         let int2 = |v: Vec<i64>, r: usize, c: usize| {
             Tensor::<2, Int>::from_data(TensorData::new(v, [r, c]), &device)
         };
-        let padded = prompts.iter().any(|p| p.len() < lp);
+        let padded = unique.iter().any(|p| p.len() < lp);
         let mut input = ForwardInput {
             input_ids: int2(ids, b, lp),
             position_ids: int2(pos, b, lp),
             attention_mask: padded.then(|| int2(mask, b, lp)),
+            segment_ids: None,
         };
         let mut rows: Vec<Row> = prompts
             .iter()
@@ -210,7 +225,7 @@ impl<'a> Sampler<'a> {
                 text: String::new(),
             })
             .collect();
-        let mut done: Vec<Option<Completion>> = vec![None; b];
+        let mut done: Vec<Option<Completion>> = vec![None; prompts.len()];
         let mut cache = KvCache::new();
         let temperature = if cfg.temperature > 0.0 {
             cfg.temperature
@@ -218,6 +233,7 @@ impl<'a> Sampler<'a> {
             1.0
         };
         let vocab = self.model.embed_tokens.weight.dims()[0];
+        let mut prefill = true;
         while !rows.is_empty() {
             // Only steps the kernels run make the host copies (a large batch may never need them).
             let host = if runs_on_decode_kernels(&input) {
@@ -225,7 +241,14 @@ impl<'a> Sampler<'a> {
             } else {
                 None
             };
-            let logits = self.model.forward_decode(&input, &mut cache, host);
+            let mut logits = self.model.forward_decode(&input, &mut cache, host);
+            if std::mem::take(&mut prefill) && unique.len() < prompts.len() {
+                cache.select_rows(&source);
+                let rows: Vec<i64> = source.iter().map(|&u| u as i64).collect();
+                let rows =
+                    Tensor::<1, Int>::from_data(TensorData::new(rows, [source.len()]), &device);
+                logits = logits.select(0, rows);
+            }
             let [n, l, v] = logits.dims();
             let last = logits.narrow(1, l - 1, 1).reshape([n, v]);
             let scaled = if temperature == 1.0 {
@@ -301,6 +324,7 @@ impl<'a> Sampler<'a> {
                 position_ids: int2(pos, n, 1),
                 // The cache remembers the prompt's padding; new tokens are all real.
                 attention_mask: None,
+                segment_ids: None,
             };
         }
         let mut done: Vec<Completion> = done
@@ -349,7 +373,9 @@ impl<'a> Sampler<'a> {
         let batch = LearnerBatch::new(&rows, self.pad_id as i64, &device);
         let logits = batch.response_logits(self.model);
         let lp = rlft_algo::logprobs_from_logits(logits, batch.targets(), Some(temperature))
-            .map_err(|e| RolloutError::Input(format!("rescoring: {e}")))?
+            .map_err(|e| RolloutError::Input(format!("rescoring: {e}")))?;
+        let lp = batch
+            .rows(lp)
             .into_data()
             .convert::<f32>()
             .try_into_vec::<f32>()

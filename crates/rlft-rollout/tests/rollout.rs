@@ -43,11 +43,11 @@ fn same_seed_same_tokens() {
     assert_ne!(a, c, "another seed samples other tokens");
 }
 
-/// The learner recomputes log πθ on the same tokens with one forward pass over the batch in its
-/// layout (prompts left-padded, responses right-padded, per-row positions, attention mask); with
-/// the same weights it must equal the sampler's (rescored) log μ (f32, 1e-5), for rows that ended at a stop
-/// token as well as for rows cut off by the length limit. Each row alone (unpadded) agrees to
-/// f32 rounding of a different reduction order (≤ 5e-5).
+/// The sampler's rescored log μ (one pass in the learner's packed layout) must equal log πθ
+/// recomputed on the same tokens with the same weights — here in another layout, one
+/// left-padded row per sequence with an attention mask — to f32 rounding (1e-5), for rows that
+/// ended at a stop token as well as for rows cut off by the length limit. Each row alone
+/// (unpadded) agrees to f32 rounding of a different reduction order (≤ 5e-5).
 #[test]
 fn behaviour_logprobs_equal_the_learners() {
     let (p, device) = load();
@@ -89,6 +89,7 @@ fn behaviour_logprobs_equal_the_learners() {
             input_ids: int2(ids.clone()),
             position_ids: int2(pos),
             attention_mask: Some(int2(mask)),
+            segment_ids: None,
         };
         let logits = p.model.forward_positions(&input, pl - 1, rl);
         let labels: Vec<i64> = (0..n)
@@ -162,6 +163,37 @@ fn behaviour_logprobs_equal_the_learners() {
             println!("T={temperature}: decode-time μ vs rescored: max |Δ| = {diff:.2e}");
             assert!(diff <= 5e-5);
         }
+    }
+}
+
+/// GRPO's G completions of one prompt: the prompt is prefilled once and its cache rows copied;
+/// each copy decodes as that prompt alone does.
+#[test]
+fn repeated_prompts_decode_like_a_prompt_alone() {
+    let (p, _) = load();
+    let s = Sampler::new(&p.model, Some(&p.tokenizer));
+    let all = prompts(&p);
+    let cfg = SamplingConfig::new()
+        .with_max_new_tokens(8)
+        .with_temperature(0.0)
+        .with_ignore_eos(true);
+    let batch = [
+        all[0].clone(),
+        all[1].clone(),
+        all[0].clone(),
+        all[0].clone(),
+    ];
+    let out = s.generate(&batch, &cfg).unwrap();
+    for (i, prompt) in batch.iter().enumerate() {
+        let alone = &s.generate(std::slice::from_ref(prompt), &cfg).unwrap()[0];
+        assert_eq!(out[i].tokens, alone.tokens, "row {i}");
+        let diff = out[i]
+            .logprobs
+            .iter()
+            .zip(&alone.logprobs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(diff <= 5e-5, "row {i}: max |Δ log μ| = {diff}");
     }
 }
 

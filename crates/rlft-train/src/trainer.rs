@@ -522,7 +522,7 @@ impl Trainer {
             let refs: Vec<&Row> = rows.iter().collect();
             let (ids, mask) = self.pack(&refs, |r| &r.mask);
             let logits = ids.response_logits(&self.policy);
-            let lp = logprobs_from_logits(logits, ids.targets(), None)?;
+            let lp = ids.rows(logprobs_from_logits(logits, ids.targets(), None)?);
             let tokens: f32 = rows.iter().map(|r| r.mask.iter().sum::<f32>()).sum();
             let loss = (lp * mask).sum().neg() * (1.0 / tokens.max(1.0));
             let loss_v: f32 = loss.clone().into_scalar();
@@ -841,7 +841,7 @@ impl Trainer {
             if !on_policy {
                 let logits = ids_plain.response_logits(&policy);
                 let lp = logprobs_from_logits(logits, ids_plain.targets(), Some(temperature))?;
-                let lp = host(lp);
+                let lp = host(ids_plain.rows(lp));
                 for (k, &i) in chunk.iter().enumerate() {
                     rows[i].old_lp = ids.unpack(&lp, k, rows[i].resp_len());
                 }
@@ -849,14 +849,15 @@ impl Trainer {
             if let Some(reference) = &self.reference {
                 let logits = ids_plain.response_logits(reference);
                 let lp = logprobs_from_logits(logits, ids_plain.targets(), Some(temperature))?;
-                let lp = host(lp);
+                let lp = host(ids_plain.rows(lp));
                 for (k, &i) in chunk.iter().enumerate() {
                     rows[i].ref_lp = Some(ids.unpack(&lp, k, rows[i].resp_len()));
                 }
             }
             if let Some(c) = &critic {
                 let v = host(
-                    ids.response(c.forward(&ids_plain.input()).unsqueeze_dim::<3>(2))
+                    ids_plain
+                        .response(c.forward(&ids_plain.input()).unsqueeze_dim::<3>(2))
                         .squeeze_dim::<2>(2),
                 );
                 for (k, &i) in chunk.iter().enumerate() {
@@ -971,15 +972,20 @@ impl Trainer {
                     let old = self.pack(&refs, |r| &r.old_lp).1;
                     let adv = self.pack(&refs, |r| &r.adv).1;
                     let logits = ids.response_logits(&self.policy);
-                    let lp =
-                        logprobs_from_logits(logits.clone(), ids.targets(), Some(temperature))?;
-                    let ent = entropy_from_logits(logits, Some(temperature))?;
+                    let lp = ids.rows(logprobs_from_logits(
+                        logits.clone(),
+                        ids.targets(),
+                        Some(temperature),
+                    )?);
+                    // Without an entropy bonus the entropy is only a metric: computed off the
+                    // autodiff graph, so the backward pass neither keeps nor walks it.
+                    let ent = ids.rows(if a.entropy_coef > 0.0 {
+                        entropy_from_logits(logits, Some(temperature))?
+                    } else {
+                        entropy_from_logits(logits.detach(), Some(temperature))?
+                    });
                     let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
-                        .with_entropy(if a.entropy_coef > 0.0 {
-                            ent
-                        } else {
-                            ent.detach()
-                        })
+                        .with_entropy(ent)
                         .with_global(global);
                     if self.reference.is_some() {
                         let r = self.pack(&refs, |r| r.ref_lp.as_deref().unwrap_or(&[])).1;
@@ -1061,9 +1067,9 @@ impl Trainer {
         ))
     }
 
-    /// Packs rows in the learner's layout — prompts left-padded to the longest prompt `P`,
-    /// responses right-padded to the longest response `R` (the sampler's rescoring layout) —
-    /// and a `[n, R]` tensor of the per-response-token values `field`.
+    /// Packs rows in the learner's layout (the sampler's rescoring layout, see
+    /// [`LearnerBatch`]) and a `[n, R]` tensor of the per-response-token values `field`, `R`
+    /// the longest response.
     fn pack(&self, rows: &[&Row], field: impl Fn(&Row) -> &[f32]) -> (LearnerBatch, Tensor<2>) {
         let seqs: Vec<(&[i64], usize)> = rows.iter().map(|r| (&r.ids[..], r.prompt_len)).collect();
         let pad = self.tokenizer.pad_id.unwrap_or(0) as i64;
