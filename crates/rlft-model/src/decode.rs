@@ -402,23 +402,26 @@ impl HostWeights {
     /// Whether decoding on `device` reads tensors from host memory, where these kernels apply
     /// (the flex and ndarray backends).
     pub fn suits(device: &Device) -> bool {
-        if Isa::detect() == Isa::Base {
-            return false;
-        }
-        #[allow(unused_variables)]
-        let inner = device.clone().inner();
-        #[cfg(feature = "flex")]
-        if inner == Device::flex() {
-            return true;
-        }
-        // burn marks ndarray deprecated; rlft still offers it as a CPU device.
-        #[cfg(feature = "ndarray")]
-        #[allow(deprecated)]
-        if inner == Device::ndarray() {
-            return true;
-        }
-        false
+        Isa::detect() != Isa::Base && host_resident(device)
     }
+}
+
+/// Whether tensors on `device` (or on its autodiff wrapper) live in host memory — the flex and
+/// ndarray backends — so that host code reads and writes them without a device transfer.
+pub fn host_resident(device: &Device) -> bool {
+    #[allow(unused_variables)]
+    let inner = device.clone().inner();
+    #[cfg(feature = "flex")]
+    if inner == Device::flex() {
+        return true;
+    }
+    // burn marks ndarray deprecated; rlft still offers it as a CPU device.
+    #[cfg(feature = "ndarray")]
+    #[allow(deprecated)]
+    if inner == Device::ndarray() {
+        return true;
+    }
+    false
 }
 
 #[cfg(test)]

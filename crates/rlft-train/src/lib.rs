@@ -9,6 +9,7 @@
 
 pub mod checkpoint;
 pub mod metrics;
+pub mod optim;
 pub mod plot;
 pub mod recipe;
 pub mod trainer;

@@ -9,10 +9,11 @@
 
 use crate::checkpoint::{self, TrainerState};
 use crate::metrics::{MetricsLog, StepMetrics};
+use crate::optim::FusedAdamWConfig;
 use crate::recipe::Recipe;
 use crate::{Result, TrainError, io_err};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
-use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use rlft_algo::advantage::{AdvantageEstimator, AdvantageInput};
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
@@ -203,7 +204,7 @@ pub struct Trainer {
 /// AdamW with the recipe's settings (gradient clipping is done by the trainer, which also
 /// needs the norm for metrics and NaN checks).
 fn adamw(o: &crate::recipe::OptimizerSection) -> ModuleOptimizer {
-    AdamWConfig::new()
+    FusedAdamWConfig::new()
         .with_beta_1(o.beta1 as f32)
         .with_beta_2(o.beta2 as f32)
         .with_epsilon(o.eps as f32)
