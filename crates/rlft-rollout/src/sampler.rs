@@ -351,8 +351,8 @@ impl<'a> Sampler<'a> {
         Ok(self.host.get_or_init(|| made).as_ref())
     }
 
-    /// Replaces each completion's log-probs by those of one forward pass over
-    /// `[prompt (left-padded) | completion (right-padded)]`.
+    /// Replaces each completion's log-probs by those of one forward pass over the rows
+    /// `prompt | completion` in the learner's layout ([`LearnerBatch`]).
     fn rescore(
         &self,
         prompts: &[Vec<u32>],
