@@ -184,6 +184,18 @@ impl LearnerBatch {
         model.forward_at(&self.input(), self.int1(&self.predict))
     }
 
+    /// Log-probabilities `[n, R]` of the response tokens under `model` at `temperature` (see
+    /// [`rlft_algo::logprobs_from_logits`]), zeros past each response.
+    pub fn logprobs(
+        &self,
+        model: &Transformer,
+        temperature: Option<f64>,
+    ) -> rlft_algo::Result<Tensor<2>> {
+        let logits = self.response_logits(model);
+        let lp = rlft_algo::logprobs_from_logits(logits, self.targets(), temperature)?;
+        Ok(self.rows(lp))
+    }
+
     /// Per-response-token values `[1, T]` laid out as `[n, R]`, zeros past each response.
     pub fn rows(&self, flat: Tensor<2>) -> Tensor<2> {
         let [_, t] = flat.dims();
@@ -289,16 +301,7 @@ mod tests {
             batch.input().input_ids.dims()[0] < rows.len(),
             "rows share bins"
         );
-        let packed = floats(
-            batch.rows(
-                rlft_algo::logprobs_from_logits(
-                    batch.response_logits(&model),
-                    batch.targets(),
-                    None,
-                )
-                .unwrap(),
-            ),
-        );
+        let packed = floats(batch.logprobs(&model, None).unwrap());
         let r = batch.response_len();
         for (k, (row, pl)) in rows.iter().enumerate() {
             let ids: Vec<i64> = row.iter().map(|&t| t as i64).collect();

@@ -371,11 +371,9 @@ impl<'a> Sampler<'a> {
             .map(|(r, p)| (&r[..], p.len()))
             .collect();
         let batch = LearnerBatch::new(&rows, self.pad_id as i64, &device);
-        let logits = batch.response_logits(self.model);
-        let lp = rlft_algo::logprobs_from_logits(logits, batch.targets(), Some(temperature))
-            .map_err(|e| RolloutError::Input(format!("rescoring: {e}")))?;
         let lp = batch
-            .rows(lp)
+            .logprobs(self.model, Some(temperature))
+            .map_err(|e| RolloutError::Input(format!("rescoring: {e}")))?
             .into_data()
             .convert::<f32>()
             .try_into_vec::<f32>()

@@ -522,8 +522,7 @@ impl Trainer {
             }
             let refs: Vec<&Row> = rows.iter().collect();
             let (ids, mask) = self.pack(&refs, |r| &r.mask);
-            let logits = ids.response_logits(&self.policy);
-            let lp = ids.rows(logprobs_from_logits(logits, ids.targets(), None)?);
+            let lp = ids.logprobs(&self.policy, None)?;
             let tokens: f32 = rows.iter().map(|r| r.mask.iter().sum::<f32>()).sum();
             let loss = (lp * mask).sum().neg() * (1.0 / tokens.max(1.0));
             let loss_v: f32 = loss.clone().into_scalar();
@@ -840,17 +839,13 @@ impl Trainer {
             // Frozen (`valid()`) models live on the plain device.
             let ids_plain = ids.to_device(&self.plain);
             if !on_policy {
-                let logits = ids_plain.response_logits(&policy);
-                let lp = logprobs_from_logits(logits, ids_plain.targets(), Some(temperature))?;
-                let lp = host(ids_plain.rows(lp));
+                let lp = host(ids_plain.logprobs(&policy, Some(temperature))?);
                 for (k, &i) in chunk.iter().enumerate() {
                     rows[i].old_lp = ids.unpack(&lp, k, rows[i].resp_len());
                 }
             }
             if let Some(reference) = &self.reference {
-                let logits = ids_plain.response_logits(reference);
-                let lp = logprobs_from_logits(logits, ids_plain.targets(), Some(temperature))?;
-                let lp = host(ids_plain.rows(lp));
+                let lp = host(ids_plain.logprobs(reference, Some(temperature))?);
                 for (k, &i) in chunk.iter().enumerate() {
                     rows[i].ref_lp = Some(ids.unpack(&lp, k, rows[i].resp_len()));
                 }
