@@ -113,7 +113,8 @@ impl Transformer {
 
     /// Logits `[batch, len, vocab]` at positions `start..start + len` only. The output head (a
     /// `d × vocab` product per position, a fifth of SmolLM2's forward FLOPs) is skipped at every
-    /// other position — a learner needs logits where the response tokens are predicted.
+    /// other position (for scattered positions, e.g. packed rows, see
+    /// [`Transformer::forward_at`]).
     ///
     /// # Shapes
     /// - input ids `[batch, L]` → `[batch, len, vocab]`, with `start + len ≤ L`.

@@ -17,7 +17,16 @@ pub mod trainer;
 pub use recipe::Recipe;
 pub use trainer::{Extensions, RunSummary, Trainer};
 
+use burn::tensor::Tensor;
 use std::path::PathBuf;
+
+/// A tensor's values on the host, as f32.
+pub(crate) fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap_or_default()
+}
 
 /// Errors from rlft-train. Each says what was wrong and how to fix it.
 #[derive(Debug, thiserror::Error)]

@@ -9,6 +9,7 @@
 //! per-parameter state is burn's [`AdamWState`], so optimizer records and checkpoints are the
 //! same as with burn's optimizer.
 
+use crate::host;
 use burn::config::Config;
 use burn::optim::{
     AdamW, AdamWConfig, AdamWState, AdaptiveMomentumState, LearningRate, ModuleOptimizer, Optimizer,
@@ -56,13 +57,6 @@ impl FusedAdamWConfig {
 pub struct FusedAdamW {
     config: FusedAdamWConfig,
     fallback: AdamW,
-}
-
-fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .expect("converted to f32")
 }
 
 impl Optimizer for FusedAdamW {

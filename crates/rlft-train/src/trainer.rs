@@ -11,7 +11,7 @@ use crate::checkpoint::{self, TrainerState};
 use crate::metrics::{MetricsLog, StepMetrics};
 use crate::optim::FusedAdamWConfig;
 use crate::recipe::Recipe;
-use crate::{Result, TrainError, io_err};
+use crate::{Result, TrainError, host, io_err};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::{DType, Device, Tensor, TensorData};
@@ -521,7 +521,8 @@ impl Trainer {
                 });
             }
             let refs: Vec<&Row> = rows.iter().collect();
-            let (ids, mask) = self.pack(&refs, |r| &r.mask);
+            let ids = self.pack(&refs);
+            let mask = self.per_token(&ids, &refs, |r| &r.mask);
             let lp = ids.logprobs(&self.policy, None)?;
             let tokens: f32 = rows.iter().map(|r| r.mask.iter().sum::<f32>()).sum();
             let loss = (lp * mask).sum().neg() * (1.0 / tokens.max(1.0));
@@ -835,7 +836,7 @@ impl Trainer {
         let critic = self.critic.as_ref().map(|c| c.valid());
         for chunk in (0..rows.len()).collect::<Vec<_>>().chunks(mb) {
             let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
-            let (ids, _) = self.pack(&refs, |r| &r.mask);
+            let ids = self.pack(&refs);
             // Frozen (`valid()`) models live on the plain device.
             let ids_plain = ids.to_device(&self.plain);
             if !on_policy {
@@ -964,9 +965,10 @@ impl Trainer {
                 let mut critic_accum = GradientsAccumulator::<ValueModel>::new();
                 for micro in mini.chunks(a.micro_batch_size) {
                     let refs: Vec<&Row> = micro.iter().map(|&i| &rows[i]).collect();
-                    let (ids, mask) = self.pack(&refs, |r| &r.mask);
-                    let old = self.pack(&refs, |r| &r.old_lp).1;
-                    let adv = self.pack(&refs, |r| &r.adv).1;
+                    let ids = self.pack(&refs);
+                    let mask = self.per_token(&ids, &refs, |r| &r.mask);
+                    let old = self.per_token(&ids, &refs, |r| &r.old_lp);
+                    let adv = self.per_token(&ids, &refs, |r| &r.adv);
                     let logits = ids.response_logits(&self.policy);
                     let lp = ids.rows(logprobs_from_logits(
                         logits.clone(),
@@ -984,7 +986,7 @@ impl Trainer {
                         .with_entropy(ent)
                         .with_global(global);
                     if self.reference.is_some() {
-                        let r = self.pack(&refs, |r| r.ref_lp.as_deref().unwrap_or(&[])).1;
+                        let r = self.per_token(&ids, &refs, |r| r.ref_lp.as_deref().unwrap_or(&[]));
                         input = input.with_ref_log_prob(r);
                     }
                     let out = self
@@ -999,10 +1001,10 @@ impl Trainer {
                     let grads = GradientsParams::from_grads(out.loss.backward(), &self.policy);
                     accum.accumulate(&self.policy, grads);
                     if let Some(critic) = &self.critic {
-                        let old_v = self
-                            .pack(&refs, |r| r.old_values.as_deref().unwrap_or(&[]))
-                            .1;
-                        let ret = self.pack(&refs, |r| r.returns.as_deref().unwrap_or(&[])).1;
+                        let old_v =
+                            self.per_token(&ids, &refs, |r| r.old_values.as_deref().unwrap_or(&[]));
+                        let ret =
+                            self.per_token(&ids, &refs, |r| r.returns.as_deref().unwrap_or(&[]));
                         let v = ids
                             .response(critic.forward(&ids.input()).unsqueeze_dim::<3>(2))
                             .squeeze_dim::<2>(2);
@@ -1064,32 +1066,33 @@ impl Trainer {
     }
 
     /// Packs rows in the learner's layout (the sampler's rescoring layout, see
-    /// [`LearnerBatch`]) and a `[n, R]` tensor of the per-response-token values `field`, `R`
-    /// the longest response.
-    fn pack(&self, rows: &[&Row], field: impl Fn(&Row) -> &[f32]) -> (LearnerBatch, Tensor<2>) {
+    /// [`LearnerBatch`]).
+    fn pack(&self, rows: &[&Row]) -> LearnerBatch {
         let seqs: Vec<(&[i64], usize)> = rows.iter().map(|r| (&r.ids[..], r.prompt_len)).collect();
         let pad = self.tokenizer.pad_id.unwrap_or(0) as i64;
-        let packed = LearnerBatch::new(&seqs, pad, &self.device);
-        let r = packed.response_len();
+        LearnerBatch::new(&seqs, pad, &self.device)
+    }
+
+    /// The per-response-token values `field` of the rows packed as `batch`, as `[n, R]` (`R` the
+    /// longest response, zeros past each row's values).
+    fn per_token(
+        &self,
+        batch: &LearnerBatch,
+        rows: &[&Row],
+        field: impl Fn(&Row) -> &[f32],
+    ) -> Tensor<2> {
+        let r = batch.response_len();
         let mut vals = vec![0.0f32; rows.len() * r];
         for (k, row) in rows.iter().enumerate() {
             let f = field(row);
             vals[k * r..k * r + f.len()].copy_from_slice(f);
         }
-        let t = t2(&self.device, vals, rows.len(), r);
-        (packed, t)
+        t2(&self.device, vals, rows.len(), r)
     }
 }
 
 fn t2(device: &Device, v: Vec<f32>, b: usize, t: usize) -> Tensor<2> {
     Tensor::from_data(TensorData::new(v, [b, t]), device)
-}
-
-fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .unwrap_or_default()
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
