@@ -3,16 +3,15 @@
 //! A decode step multiplies one row per sequence (8 for a group of 8) by every weight matrix of
 //! the model, so its speed is how fast the weights stream from memory. A general matrix multiply
 //! packs its operands into tiles on every call, which pays off for many rows but not for a
-//! handful. Here the weights are packed once, when [`HostWeights`] copies them to host memory
-//! (q/k/v and gate/up fused), into column panels that lie contiguously; a decode step then reads
-//! each panel once, in order, split across threads by output columns, and accumulates every row
-//! from the same load. [`Transformer::forward_decode`] runs on these copies.
+//! handful. Here the weights are packed once, when [`crate::HostWeights`] copies them to host
+//! memory (q/k/v and gate/up fused), into column panels that lie contiguously; a decode step then
+//! reads each panel once, in order, split across threads by output columns, and accumulates every
+//! row from the same load. [`crate::host`] runs whole decode steps on these copies.
 //!
-//! The kernels use AVX-512 (checked at run time); without it [`HostWeights::suits`] says no and
-//! decoding stays on the backend. A plain-Rust version of each kernel is the reference the
+//! The kernels use AVX-512 (checked at run time); without it [`crate::HostWeights::suits`] says
+//! no and decoding stays on the backend. A plain-Rust version of each kernel is the reference the
 //! tests compare against.
 
-use crate::model::Transformer;
 use crate::{ModelError, Result};
 use burn::tensor::{Device, Tensor};
 use rayon::prelude::*;
@@ -116,6 +115,11 @@ impl HostMatrix {
         self.n
     }
 
+    /// The stored values (for an `[out, in]` table: the table itself, row-major).
+    pub(crate) fn data(&self) -> &[f32] {
+        &self.data
+    }
+
     /// `x · W` for `m = x.len() / k` rows, any `m` (rows are taken [`MAX_ROWS`] at a time).
     ///
     /// # Shapes
@@ -202,7 +206,7 @@ enum Isa {
     /// AVX-512 intrinsics (x86-64 CPUs that have them).
     #[cfg(target_arch = "x86_64")]
     Avx512,
-    /// Plain Rust, for testing and for CPUs without AVX-512 (where [`HostWeights::suits`] says
+    /// Plain Rust, for testing and for CPUs without AVX-512 (where [`crate::HostWeights::suits`] says
     /// no and the backend's product is used instead).
     Base,
 }
@@ -222,6 +226,9 @@ mod x86 {
     //! AVX-512 versions of the two kernels: the accumulators stay in the 32 vector registers.
     use super::{LANES, MAX_ROWS, PANEL};
     use std::arch::x86_64::*;
+
+    /// Panel rows between a prefetch and the load it serves.
+    const PREFETCH: usize = 16;
 
     /// [`super::panel_block`] with the accumulators in registers.
     #[target_feature(enable = "avx512f")]
@@ -245,6 +252,11 @@ mod x86 {
             // SAFETY: kk < k keeps the loads inside the `[k, PANEL]` panel; r < m, kk < k
             // inside `x`.
             unsafe {
+                // The panel streams from memory: ask for the lines a few rows ahead early.
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add((kk + PREFETCH) * PANEL) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(
+                    wp.wrapping_add((kk + PREFETCH) * PANEL + LANES) as *const i8
+                );
                 let w0 = _mm512_loadu_ps(wp.add(kk * PANEL));
                 let w1 = _mm512_loadu_ps(wp.add(kk * PANEL + LANES));
                 for r in 0..m {
@@ -351,59 +363,9 @@ fn out_in_block(
     }
 }
 
-/// Host copies of a model's weights for decoding on the CPU (see the module docs).
-#[derive(Debug, Clone)]
-pub struct HostWeights {
-    pub(crate) layers: Vec<HostLayer>,
-    pub(crate) head: HostMatrix,
-}
-
-/// One decoder layer's projections.
-#[derive(Debug, Clone)]
-pub(crate) struct HostLayer {
-    /// q, k and v side by side.
-    pub(crate) qkv: HostMatrix,
-    pub(crate) o: HostMatrix,
-    /// gate and up side by side.
-    pub(crate) gate_up: HostMatrix,
-    pub(crate) down: HostMatrix,
-}
-
-impl HostWeights {
-    /// Copies `model`'s projections and output head (LoRA adapters applied) to host memory.
-    pub fn new(model: &Transformer) -> Result<Self> {
-        let layers = model
-            .layers
-            .par_iter()
-            .map(|l| {
-                let (a, m) = (&l.self_attn, &l.mlp);
-                Ok(HostLayer {
-                    qkv: HostMatrix::from_in_out(&[
-                        a.q_proj.weight.val(),
-                        a.k_proj.weight.val(),
-                        a.v_proj.weight.val(),
-                    ])?,
-                    o: HostMatrix::from_in_out(&[a.o_proj.weight.val()])?,
-                    gate_up: HostMatrix::from_in_out(&[
-                        m.gate_proj.weight.val(),
-                        m.up_proj.weight.val(),
-                    ])?,
-                    down: HostMatrix::from_in_out(&[m.down_proj.weight.val()])?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        let head = match &model.lm_head {
-            Some(h) => HostMatrix::from_in_out(&[h.weight.val()])?,
-            None => HostMatrix::from_out_in(model.embed_tokens.weight.val())?,
-        };
-        Ok(Self { layers, head })
-    }
-
-    /// Whether decoding on `device` reads tensors from host memory, where these kernels apply
-    /// (the flex and ndarray backends).
-    pub fn suits(device: &Device) -> bool {
-        Isa::detect() != Isa::Base && host_resident(device)
-    }
+/// Whether the kernels run with AVX-512 here (otherwise decoding stays on the backend).
+pub(crate) fn kernels_available() -> bool {
+    Isa::detect() != Isa::Base
 }
 
 /// Whether tensors on `device` (or on its autodiff wrapper) live in host memory — the flex and

@@ -12,16 +12,17 @@ pub mod dequant;
 mod error;
 mod export;
 pub mod gguf;
+pub mod host;
 mod load;
 pub mod model;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Llama3RopeScaling, TransformerConfig};
-pub use decode::HostWeights;
 pub use error::{ModelError, Result};
 pub use export::{LORA_TARGETS, LoraConfig};
 pub use gguf::GgufFile;
+pub use host::{DECODE_ROWS, HostKvCache, HostWeights};
 pub use load::Pretrained;
 pub use model::{ForwardInput, KvCache, Transformer, ValueModel};
 pub use tokenizer::{TokenStream, Tokenizer};

@@ -1,10 +1,9 @@
 //! The decoder-only transformer (Llama family): RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
-use crate::decode::{HostLayer, HostMatrix, HostWeights, MAX_ROWS};
 use burn::module::Module;
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::activation::{silu, softmax};
-use burn::tensor::{Bool, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Int, Tensor};
 
 /// One attention block's projections.
 #[derive(Module, Debug)]
@@ -103,7 +102,7 @@ impl ForwardInput {
 impl Transformer {
     /// Final hidden states `[batch, L, d]` (after the last norm).
     pub fn hidden_states(&self, input: &ForwardInput) -> Tensor<3> {
-        self.hidden_states_cached(input, None, None)
+        self.hidden_states_cached(input, None)
     }
 
     /// Logits `[batch, L, vocab]`.
@@ -127,7 +126,7 @@ impl Transformer {
     /// tokens only; the cache remembers the mask of earlier ones. Decoding step by step gives the
     /// same logits as one full forward pass.
     pub fn forward_cached(&self, input: &ForwardInput, cache: &mut KvCache) -> Tensor<3> {
-        self.forward_decode(input, cache, None)
+        self.logits(self.hidden_states_cached(input, Some(cache)))
     }
 
     /// Logits `[1, n, vocab]` at `n` positions of the pass, given as indices into its `batch·L`
@@ -140,24 +139,6 @@ impl Transformer {
         let h = self.hidden_states(input);
         let [b, l, d] = h.dims();
         self.logits(h.reshape([b * l, d]).select(0, positions).unsqueeze::<3>())
-    }
-
-    /// [`Transformer::forward_cached`] with the weight products of steps of at most
-    /// [`DECODE_ROWS`] tokens (decoding) done by the CPU kernels of [`crate::decode`] on `host`,
-    /// host copies of this model's weights (made with [`HostWeights::new`]; only for models on
-    /// a CPU device, see [`HostWeights::suits`]). Larger steps (prompts) use the backend.
-    pub fn forward_decode(
-        &self,
-        input: &ForwardInput,
-        cache: &mut KvCache,
-        host: Option<&HostWeights>,
-    ) -> Tensor<3> {
-        let host = host.filter(|_| runs_on_decode_kernels(input));
-        let h = self.hidden_states_cached(input, Some(cache), host);
-        match host {
-            Some(w) => with_bias(host_matmul(&w.head, h), self.lm_head.as_ref()),
-            None => self.logits(h),
-        }
     }
 
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
@@ -187,7 +168,6 @@ impl Transformer {
         &self,
         input: &ForwardInput,
         mut cache: Option<&mut KvCache>,
-        host: Option<&HostWeights>,
     ) -> Tensor<3> {
         let [b, l] = input.input_ids.dims();
         let device = input.input_ids.device();
@@ -228,23 +208,13 @@ impl Transformer {
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_layernorm.forward(x.clone());
             let slot = cache.as_mut().and_then(|c| c.layers.get_mut(i));
-            let host = host.map(|w| &w.layers[i]);
-            let h = self.attention(&layer.self_attn, h, (&cos, &sin), &mask, slot, host);
+            let h = self.attention(&layer.self_attn, h, (&cos, &sin), &mask, slot);
             x = x + h;
             let h = layer.post_attention_layernorm.forward(x.clone());
             let m = &layer.mlp;
-            let h = match host {
-                Some(w)
-                    if [&m.gate_proj, &m.up_proj, &m.down_proj]
-                        .iter()
-                        .all(|p| p.bias.is_none()) =>
-                {
-                    host_mlp(w, h)
-                }
-                _ => m
-                    .down_proj
-                    .forward(silu(m.gate_proj.forward(h.clone())) * m.up_proj.forward(h)),
-            };
+            let h = m
+                .down_proj
+                .forward(silu(m.gate_proj.forward(h.clone())) * m.up_proj.forward(h));
             x = x + h;
         }
         self.norm.forward(x)
@@ -257,26 +227,12 @@ impl Transformer {
         (cos, sin): (&Tensor<4>, &Tensor<4>),
         mask: &Tensor<4, Bool>,
         cache: Option<&mut Option<(Tensor<4>, Tensor<4>)>>,
-        host: Option<&HostLayer>,
     ) -> Tensor<3> {
         let [b, l, _] = x.dims();
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let (q, k, v) = match host {
-            Some(w) => {
-                let qkv = host_matmul(&w.qkv, x);
-                let (nq, nkv) = (h * hd, kvh * hd);
-                (
-                    with_bias(qkv.clone().narrow(2, 0, nq), Some(&attn.q_proj)),
-                    with_bias(qkv.clone().narrow(2, nq, nkv), Some(&attn.k_proj)),
-                    with_bias(qkv.narrow(2, nq + nkv, nkv), Some(&attn.v_proj)),
-                )
-            }
-            None => (
-                attn.q_proj.forward(x.clone()),
-                attn.k_proj.forward(x.clone()),
-                attn.v_proj.forward(x),
-            ),
-        };
+        let q = attn.q_proj.forward(x.clone());
+        let k = attn.k_proj.forward(x.clone());
+        let v = attn.v_proj.forward(x);
         let split = |t: Tensor<3>, n: usize| t.reshape([b, l, n, hd]).swap_dims(1, 2);
         let mut q = split(q, h);
         let mut k = split(k, kvh);
@@ -309,70 +265,7 @@ impl Transformer {
             .reshape([b, h, l, hd])
             .swap_dims(1, 2)
             .reshape([b, l, h * hd]);
-        match host {
-            Some(w) => with_bias(host_matmul(&w.o, out), Some(&attn.o_proj)),
-            None => attn.o_proj.forward(out),
-        }
-    }
-}
-
-/// Most tokens per step that [`Transformer::forward_decode`] runs through the CPU kernels: a
-/// batched decode step; longer steps are prompts, where the backend's tiled product is faster.
-pub const DECODE_ROWS: usize = 2 * MAX_ROWS;
-
-/// Whether [`Transformer::forward_decode`] runs `input` through the CPU kernels (a step of at
-/// most [`DECODE_ROWS`] tokens).
-pub fn runs_on_decode_kernels(input: &ForwardInput) -> bool {
-    let [b, l] = input.input_ids.dims();
-    b * l <= DECODE_ROWS
-}
-
-fn to_host(x: Tensor<3>) -> Vec<f32> {
-    x.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .expect("converted to f32")
-}
-
-/// `f(x)` for a host function `f` of `[rows, k]` row-major values giving `[rows, n]`: `x` goes
-/// to the host and the result comes back in `x`'s dtype and on its device.
-///
-/// # Shapes
-/// - `x`: `[b, l, k]` → `[b, l, n]`.
-fn on_host(x: Tensor<3>, n: usize, f: impl FnOnce(&[f32]) -> Vec<f32>) -> Tensor<3> {
-    let [b, l, _] = x.dims();
-    let (device, dtype) = (x.device(), x.dtype());
-    let out = f(&to_host(x));
-    Tensor::<3>::from_data(TensorData::new(out, [b, l, n]), &device).cast(dtype)
-}
-
-/// `x · W` by the host kernel.
-fn host_matmul(w: &HostMatrix, x: Tensor<3>) -> Tensor<3> {
-    on_host(x, w.out_features(), |x| w.matmul(x))
-}
-
-/// `down(silu(gate(x)) · up(x))` by the host kernels.
-fn host_mlp(w: &HostLayer, x: Tensor<3>) -> Tensor<3> {
-    let inter = w.down.in_features();
-    on_host(x, w.down.out_features(), |x| {
-        let act: Vec<f32> = w
-            .gate_up
-            .matmul(x)
-            .chunks(2 * inter)
-            .flat_map(|row| {
-                let (g, u) = row.split_at(inter);
-                g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-            })
-            .collect();
-        w.down.matmul(&act)
-    })
-}
-
-/// Adds `linear`'s bias (if it has one) to its product `y`.
-fn with_bias(y: Tensor<3>, linear: Option<&Linear>) -> Tensor<3> {
-    match linear.and_then(|p| p.bias.as_ref()) {
-        Some(bias) => y + bias.val().unsqueeze::<3>(),
-        None => y,
+        attn.o_proj.forward(out)
     }
 }
 
@@ -381,8 +274,9 @@ fn with_bias(y: Tensor<3>, linear: Option<&Linear>) -> Tensor<3> {
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
     len: usize,
-    layers: Vec<Option<(Tensor<4>, Tensor<4>)>>,
-    mask: Option<Tensor<2, Int>>,
+    pub(crate) layers: Vec<Option<(Tensor<4>, Tensor<4>)>>,
+    /// `1` for real keys, `0` for padding, `[batch, len]`.
+    pub(crate) mask: Option<Tensor<2, Int>>,
 }
 
 impl KvCache {

@@ -11,8 +11,9 @@ use burn::tensor::{Int, Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
-use rlft_model::model::runs_on_decode_kernels;
-use rlft_model::{ForwardInput, HostWeights, KvCache, Tokenizer, Transformer};
+use rlft_model::{
+    DECODE_ROWS, ForwardInput, HostKvCache, HostWeights, KvCache, Tokenizer, Transformer,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -134,6 +135,21 @@ struct Row {
     text: String,
 }
 
+impl Row {
+    /// The token sampled last (the next step's input).
+    fn last_token(&self) -> u32 {
+        *self
+            .tokens
+            .last()
+            .expect("a row is decoded after its first sample")
+    }
+
+    /// Position of [`Row::last_token`].
+    fn next_position(&self) -> i64 {
+        self.position + self.tokens.len() as i64 - 1
+    }
+}
+
 impl<'a> Sampler<'a> {
     /// A sampler stopping at the tokenizer's EOS ids (pass `None` to never stop early and to
     /// disable stop strings).
@@ -176,6 +192,7 @@ impl<'a> Sampler<'a> {
             ));
         }
         let device = self.model.embed_tokens.weight.device();
+        let model_err = |e: rlft_model::ModelError| RolloutError::Input(e.to_string());
         let mut rng = StdRng::seed_from_u64(cfg.seed);
         // A prompt repeated in the batch (GRPO samples G completions of each) is prefilled
         // once; its cache rows are copied to every row that shares it.
@@ -233,40 +250,58 @@ impl<'a> Sampler<'a> {
             1.0
         };
         let vocab = self.model.embed_tokens.weight.dims()[0];
+        // Decode steps of few rows run on the host (`HostWeights::decode_step`) once the prompts
+        // are prefilled; from then on `host_cache` holds the keys and values.
+        let mut host_cache: Option<HostKvCache> = None;
         let mut prefill = true;
-        while !rows.is_empty() {
-            // Only steps the kernels run make the host copies (a large batch may never need them).
-            let host = if runs_on_decode_kernels(&input) {
-                self.host_weights()?
-            } else {
+        loop {
+            let n = rows.len();
+            let host = if prefill || n > DECODE_ROWS {
                 None
-            };
-            let mut logits = self.model.forward_decode(&input, &mut cache, host);
-            if std::mem::take(&mut prefill) && unique.len() < prompts.len() {
-                cache.select_rows(&source);
-                let rows: Vec<i64> = source.iter().map(|&u| u as i64).collect();
-                let rows =
-                    Tensor::<1, Int>::from_data(TensorData::new(rows, [source.len()]), &device);
-                logits = logits.select(0, rows);
-            }
-            let [n, l, v] = logits.dims();
-            let last = logits.narrow(1, l - 1, 1).reshape([n, v]);
-            let scaled = if temperature == 1.0 {
-                last
             } else {
-                last * (1.0 / temperature)
+                self.host_weights()?
             };
-            let host = scaled
-                .into_data()
-                .convert::<f32>()
-                .try_into_vec::<f32>()
-                .map_err(|e| RolloutError::Input(format!("logits to host: {e:?}")))?;
+            let mut logits = match host {
+                Some(w) => {
+                    let hc = match host_cache.as_mut() {
+                        Some(hc) => hc,
+                        None => host_cache.insert(cache.to_host().map_err(model_err)?),
+                    };
+                    let tokens: Vec<u32> = rows.iter().map(Row::last_token).collect();
+                    let pos: Vec<usize> = rows.iter().map(|r| r.next_position() as usize).collect();
+                    w.decode_step(hc, &tokens, &pos).map_err(model_err)?
+                }
+                None => {
+                    let mut logits = self.model.forward_cached(&input, &mut cache);
+                    if std::mem::take(&mut prefill) && unique.len() < prompts.len() {
+                        cache.select_rows(&source);
+                        let rows: Vec<i64> = source.iter().map(|&u| u as i64).collect();
+                        let rows = Tensor::<1, Int>::from_data(
+                            TensorData::new(rows, [source.len()]),
+                            &device,
+                        );
+                        logits = logits.select(0, rows);
+                    }
+                    let [n, l, v] = logits.dims();
+                    logits
+                        .narrow(1, l - 1, 1)
+                        .reshape([n, v])
+                        .into_data()
+                        .convert::<f32>()
+                        .try_into_vec::<f32>()
+                        .map_err(|e| RolloutError::Input(format!("logits to host: {e:?}")))?
+                }
+            };
+            if temperature != 1.0 {
+                let inv = (1.0 / temperature) as f32;
+                logits.par_iter_mut().for_each(|x| *x *= inv);
+            }
             // Uniform variates in row order (reproducible), then the rows in parallel.
             let draws: Vec<Option<f64>> = (0..n)
                 .map(|_| (cfg.temperature != 0.0).then(|| rng.random::<f64>()))
                 .collect();
-            let picks: Vec<(usize, f32)> = host
-                .par_chunks(v)
+            let picks: Vec<(usize, f32)> = logits
+                .par_chunks(vocab)
                 .zip(draws)
                 .map(|(x, u)| pick(x, cfg, u))
                 .collect();
@@ -298,11 +333,14 @@ impl<'a> Sampler<'a> {
                     None => keep.push(r),
                 }
             }
+            if keep.is_empty() {
+                break;
+            }
             if keep.len() < rows.len() {
-                if keep.is_empty() {
-                    break;
+                match host_cache.as_mut() {
+                    Some(hc) => hc.select_rows(&keep),
+                    None => cache.select_rows(&keep),
                 }
-                cache.select_rows(&keep);
                 rows = std::mem::take(&mut rows)
                     .into_iter()
                     .enumerate()
@@ -310,22 +348,18 @@ impl<'a> Sampler<'a> {
                     .map(|(_, row)| row)
                     .collect();
             }
-            let n = rows.len();
-            let next: Vec<i64> = rows
-                .iter()
-                .map(|r| *r.tokens.last().expect("sampled") as i64)
-                .collect();
-            let pos: Vec<i64> = rows
-                .iter()
-                .map(|r| r.position + r.tokens.len() as i64 - 1)
-                .collect();
-            input = ForwardInput {
-                input_ids: int2(next, n, 1),
-                position_ids: int2(pos, n, 1),
-                // The cache remembers the prompt's padding; new tokens are all real.
-                attention_mask: None,
-                segment_ids: None,
-            };
+            if host_cache.is_none() {
+                let n = rows.len();
+                let next: Vec<i64> = rows.iter().map(|r| r.last_token() as i64).collect();
+                let pos: Vec<i64> = rows.iter().map(Row::next_position).collect();
+                input = ForwardInput {
+                    input_ids: int2(next, n, 1),
+                    position_ids: int2(pos, n, 1),
+                    // The cache remembers the prompt's padding; new tokens are all real.
+                    attention_mask: None,
+                    segment_ids: None,
+                };
+            }
         }
         let mut done: Vec<Completion> = done
             .into_iter()

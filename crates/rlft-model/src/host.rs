@@ -1,0 +1,546 @@
+//! Decoding on the CPU without the backend: a whole decode step (embedding, norms, RoPE,
+//! attention over a host KV cache, SwiGLU, output head) on host copies of the weights.
+//!
+//! A decode step of a group of 8 sequences is a few rows against every weight of the model. Its
+//! products are memory-bound and run on the kernels of [`crate::decode`]; everything between them
+//! (norms, RoPE, a cache that grows by one position, attention over ~100 keys) is tiny, and as
+//! backend tensor operations each allocates, dispatches and copies — about as much time as the
+//! products themselves for SmolLM2. Here it is a few loops over `f32` slices instead.
+//!
+//! The sampler prefills prompts on the backend ([`Transformer::forward_cached`]), moves the cache
+//! to the host once ([`KvCache::to_host`]) and then calls [`HostWeights::decode_step`] for each
+//! new token. The result equals the backend's forward pass to f32 rounding (tests in
+//! `tests/fixtures.rs` against transformers' logits).
+
+use crate::decode::{HostMatrix, host_resident, kernels_available};
+use crate::model::{KvCache, Transformer};
+use crate::{ModelError, Result};
+use burn::nn::{Linear, RmsNorm};
+use burn::tensor::{Device, Tensor};
+use rayon::prelude::*;
+
+/// Most rows a decode step runs on the host: the kernels read every weight once per
+/// [`crate::decode::MAX_ROWS`] rows, so for larger batches the backend's tiled product is faster.
+pub const DECODE_ROWS: usize = 2 * crate::decode::MAX_ROWS;
+
+fn host_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| ModelError::Input(format!("weight to host: {e:?}")))
+}
+
+/// An RMSNorm's scale and ε.
+#[derive(Debug, Clone)]
+struct HostNorm {
+    gamma: Vec<f32>,
+    eps: f32,
+}
+
+impl HostNorm {
+    fn new(norm: &RmsNorm) -> Result<Self> {
+        Ok(Self {
+            gamma: host_vec(norm.gamma.val())?,
+            eps: norm.epsilon as f32,
+        })
+    }
+
+    /// Normalises each `gamma.len()`-wide row of `x` in place (burn's `x / √(mean(x²) + ε) · γ`).
+    fn apply(&self, x: &mut [f32]) {
+        let d = self.gamma.len();
+        for row in x.chunks_mut(d) {
+            let ms = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let rms = (ms + self.eps).sqrt();
+            for (v, g) in row.iter_mut().zip(&self.gamma) {
+                *v = *v / rms * g;
+            }
+        }
+    }
+
+    /// [`HostNorm::apply`] into a new buffer.
+    fn applied(&self, x: &[f32]) -> Vec<f32> {
+        let mut out = x.to_vec();
+        self.apply(&mut out);
+        out
+    }
+}
+
+/// A linear layer's bias, if it has one.
+fn bias(linear: &Linear) -> Result<Option<Vec<f32>>> {
+    linear.bias.as_ref().map(|b| host_vec(b.val())).transpose()
+}
+
+/// Several layers' biases side by side (zeros for a layer without one), or `None` if none has.
+fn fused_bias(linears: &[&Linear]) -> Result<Option<Vec<f32>>> {
+    if linears.iter().all(|l| l.bias.is_none()) {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for l in linears {
+        match bias(l)? {
+            Some(b) => out.extend(b),
+            None => out.extend(std::iter::repeat_n(0.0, l.weight.dims()[1])),
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Adds `bias` (if any) to every row of `y`.
+fn add_bias(y: &mut [f32], bias: Option<&Vec<f32>>) {
+    if let Some(b) = bias {
+        for row in y.chunks_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        }
+    }
+}
+
+/// Host copies of a model's weights for decoding on the CPU (see the module docs).
+#[derive(Debug, Clone)]
+pub struct HostWeights {
+    layers: Vec<HostLayer>,
+    /// `[vocab, d]` embedding table, when the output head is not tied to it.
+    embed: Option<Vec<f32>>,
+    norm: HostNorm,
+    head: HostMatrix,
+    head_bias: Option<Vec<f32>>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    /// RoPE inverse frequencies in f32, as the backend's pass uses them.
+    inv_freq: Vec<f32>,
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone)]
+struct HostLayer {
+    input_norm: HostNorm,
+    /// q, k and v side by side.
+    qkv: HostMatrix,
+    qkv_bias: Option<Vec<f32>>,
+    /// Per-head query and key norms (Qwen3).
+    qk_norm: Option<(HostNorm, HostNorm)>,
+    o: HostMatrix,
+    o_bias: Option<Vec<f32>>,
+    post_norm: HostNorm,
+    /// gate and up side by side.
+    gate_up: HostMatrix,
+    gate_up_bias: Option<Vec<f32>>,
+    down: HostMatrix,
+    down_bias: Option<Vec<f32>>,
+}
+
+impl HostWeights {
+    /// Copies `model`'s weights (LoRA adapters applied) to host memory.
+    pub fn new(model: &Transformer) -> Result<Self> {
+        let layers = model
+            .layers
+            .par_iter()
+            .map(|l| {
+                let (a, m) = (&l.self_attn, &l.mlp);
+                Ok(HostLayer {
+                    input_norm: HostNorm::new(&l.input_layernorm)?,
+                    qkv: HostMatrix::from_in_out(&[
+                        a.q_proj.weight.val(),
+                        a.k_proj.weight.val(),
+                        a.v_proj.weight.val(),
+                    ])?,
+                    qkv_bias: fused_bias(&[&a.q_proj, &a.k_proj, &a.v_proj])?,
+                    qk_norm: match (&a.q_norm, &a.k_norm) {
+                        (Some(q), Some(k)) => Some((HostNorm::new(q)?, HostNorm::new(k)?)),
+                        _ => None,
+                    },
+                    o: HostMatrix::from_in_out(&[a.o_proj.weight.val()])?,
+                    o_bias: bias(&a.o_proj)?,
+                    post_norm: HostNorm::new(&l.post_attention_layernorm)?,
+                    gate_up: HostMatrix::from_in_out(&[
+                        m.gate_proj.weight.val(),
+                        m.up_proj.weight.val(),
+                    ])?,
+                    gate_up_bias: fused_bias(&[&m.gate_proj, &m.up_proj])?,
+                    down: HostMatrix::from_in_out(&[m.down_proj.weight.val()])?,
+                    down_bias: bias(&m.down_proj)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let table = model.embed_tokens.weight.val();
+        let (head, head_bias, embed) = match &model.lm_head {
+            Some(h) => (
+                HostMatrix::from_in_out(&[h.weight.val()])?,
+                bias(h)?,
+                Some(host_vec(table)?),
+            ),
+            None => (HostMatrix::from_out_in(table)?, None, None),
+        };
+        Ok(Self {
+            layers,
+            embed,
+            norm: HostNorm::new(&model.norm)?,
+            head,
+            head_bias,
+            heads: model.num_heads,
+            kv_heads: model.num_kv_heads,
+            head_dim: model.head_dim,
+            inv_freq: model.rope_inv_freq.iter().map(|&f| f as f32).collect(),
+        })
+    }
+
+    /// Whether decoding on `device` reads tensors from host memory, where these kernels apply
+    /// (the flex and ndarray backends on a CPU with AVX-512).
+    pub fn suits(device: &Device) -> bool {
+        kernels_available() && host_resident(device)
+    }
+
+    /// The embedding of `token` (`[d]`).
+    fn embedding(&self, token: u32) -> &[f32] {
+        let d = self.norm.gamma.len();
+        let table = self.embed.as_deref().unwrap_or_else(|| self.head.data());
+        &table[token as usize * d..(token as usize + 1) * d]
+    }
+
+    /// Logits `[n, vocab]` (row-major) for one new token per cached row: `tokens[r]` at position
+    /// `positions[r]` of row `r`. Appends the tokens' keys and values to `cache`.
+    ///
+    /// # Shapes
+    /// - `tokens`, `positions`: `[n]` with `n = cache.rows()` → `[n · vocab]`.
+    pub fn decode_step(
+        &self,
+        cache: &mut HostKvCache,
+        tokens: &[u32],
+        positions: &[usize],
+    ) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        if n != cache.rows.len() || positions.len() != n {
+            return Err(ModelError::Input(format!(
+                "decode step: {n} tokens and {} positions for a cache of {} rows",
+                positions.len(),
+                cache.rows.len()
+            )));
+        }
+        let vocab = self.head.out_features();
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::Input(format!(
+                "token id {t} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let (nq, nkv) = (h * hd, kvh * hd);
+        let mut x: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| self.embedding(t).iter().copied())
+            .collect();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut qkv = layer.qkv.matmul(&layer.input_norm.applied(&x));
+            add_bias(&mut qkv, layer.qkv_bias.as_ref());
+            let mut attn = vec![0f32; n * nq];
+            cache
+                .rows
+                .par_iter_mut()
+                .zip(qkv.par_chunks_mut(nq + 2 * nkv))
+                .zip(attn.par_chunks_mut(nq))
+                .zip(positions)
+                .for_each(|(((row, qkv), out), &pos)| {
+                    let (q, kv) = qkv.split_at_mut(nq);
+                    let (k, v) = kv.split_at_mut(nkv);
+                    if let Some((qn, kn)) = &layer.qk_norm {
+                        qn.apply(q);
+                        kn.apply(k);
+                    }
+                    self.rope(q, pos);
+                    self.rope(k, pos);
+                    let (keys, values) = &mut row.layers[i];
+                    keys.extend_from_slice(k);
+                    values.extend_from_slice(v);
+                    attend(q, keys, values, row.start, (h, kvh, hd), out);
+                });
+            let mut o = layer.o.matmul(&attn);
+            add_bias(&mut o, layer.o_bias.as_ref());
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            let mut gu = layer.gate_up.matmul(&layer.post_norm.applied(&x));
+            add_bias(&mut gu, layer.gate_up_bias.as_ref());
+            let inter = layer.down.in_features();
+            let act: Vec<f32> = gu
+                .chunks(2 * inter)
+                .flat_map(|row| {
+                    let (g, u) = row.split_at(inter);
+                    g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+                })
+                .collect();
+            let mut down = layer.down.matmul(&act);
+            add_bias(&mut down, layer.down_bias.as_ref());
+            x.iter_mut().zip(&down).for_each(|(x, d)| *x += d);
+        }
+        self.norm.apply(&mut x);
+        let mut logits = self.head.matmul(&x);
+        add_bias(&mut logits, self.head_bias.as_ref());
+        Ok(logits)
+    }
+
+    /// HF's `rotate_half` RoPE on every `head_dim`-wide head of `x`, at position `pos`.
+    fn rope(&self, x: &mut [f32], pos: usize) {
+        let half = self.head_dim / 2;
+        let p = pos as f32;
+        let (cos, sin): (Vec<f32>, Vec<f32>) = self
+            .inv_freq
+            .iter()
+            .map(|&f| ((p * f).cos(), (p * f).sin()))
+            .unzip();
+        for head in x.chunks_mut(self.head_dim) {
+            let (x1, x2) = head.split_at_mut(half);
+            for i in 0..half {
+                let (a, b) = (x1[i], x2[i]);
+                x1[i] = a * cos[i] - b * sin[i];
+                x2[i] = b * cos[i] + a * sin[i];
+            }
+        }
+    }
+}
+
+/// Scaled dot-product attention of one row's new token: query heads `q` (`[h · hd]`) against the
+/// row's cached keys and values from position `start` on (`[len, kvh · hd]` each), into `out`
+/// (`[h · hd]`). Query head `j` reads key/value head `j / (h / kvh)`.
+fn attend(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    start: usize,
+    (h, kvh, hd): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    let kvd = kvh * hd;
+    let len = keys.len() / kvd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut scores = vec![0f32; len - start];
+    for (j, (qh, oh)) in q.chunks(hd).zip(out.chunks_mut(hd)).enumerate() {
+        let g = j / (h / kvh);
+        for (s, t) in scores.iter_mut().zip(start..len) {
+            let k = &keys[t * kvd + g * hd..][..hd];
+            *s = dot(qh, k) * scale;
+        }
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        oh.fill(0.0);
+        for (s, t) in scores.iter().zip(start..len) {
+            let w = s / total;
+            let v = &values[t * kvd + g * hd..][..hd];
+            oh.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
+        }
+    }
+}
+
+/// `a · b` in 16 independent lanes (which the compiler vectorises; a plain f32 sum is serial).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut acc = [0f32; L];
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..L {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Keys and values of a decode batch in host memory, for [`HostWeights::decode_step`]; made from
+/// a prefilled [`KvCache`] with [`KvCache::to_host`].
+#[derive(Debug, Clone, Default)]
+pub struct HostKvCache {
+    rows: Vec<HostKvRow>,
+}
+
+/// One sequence's cache.
+#[derive(Debug, Clone)]
+struct HostKvRow {
+    /// First real position (earlier ones are left padding).
+    start: usize,
+    /// Per layer, keys and values `[len, kvh · hd]` (keys after RoPE).
+    layers: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+impl HostKvCache {
+    /// Number of rows (sequences).
+    pub fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Keeps only the rows `rows`, in that order (a row listed twice is copied).
+    pub fn select_rows(&mut self, rows: &[usize]) {
+        self.rows = rows.iter().map(|&r| self.rows[r].clone()).collect();
+    }
+}
+
+impl KvCache {
+    /// This cache in host memory, for [`HostWeights::decode_step`]. Fails when a row's padding
+    /// is not all on its left (the only layout the sampler makes).
+    pub fn to_host(&self) -> Result<HostKvCache> {
+        let Some(mask) = self.mask.clone() else {
+            return Err(ModelError::Input(
+                "an empty cache: prefill the prompts before moving the cache to the host".into(),
+            ));
+        };
+        let [b, total] = mask.dims();
+        let mask: Vec<i64> = mask
+            .into_data()
+            .convert::<i64>()
+            .try_into_vec::<i64>()
+            .map_err(|e| ModelError::Input(format!("cache mask to host: {e:?}")))?;
+        let mut rows: Vec<HostKvRow> = (0..b)
+            .map(|r| {
+                let m = &mask[r * total..(r + 1) * total];
+                let start = m.iter().take_while(|&&v| v == 0).count();
+                if m[start..].contains(&0) {
+                    return Err(ModelError::Input(format!(
+                        "cache row {r} has padding after its first token"
+                    )));
+                }
+                Ok(HostKvRow {
+                    start,
+                    layers: Vec::with_capacity(self.layers.len()),
+                })
+            })
+            .collect::<Result<_>>()?;
+        for layer in &self.layers {
+            let Some((k, v)) = layer.clone() else {
+                return Err(ModelError::Input("a cache layer was never filled".into()));
+            };
+            // `[b, kvh, len, hd]` → per row `[len, kvh · hd]`.
+            let to_rows = |t: Tensor<4>| -> Result<Vec<Vec<f32>>> {
+                let [_, kvh, len, hd] = t.dims();
+                let flat = host_vec(t.swap_dims(1, 2))?;
+                Ok(flat.chunks(len * kvh * hd).map(<[f32]>::to_vec).collect())
+            };
+            for ((row, k), v) in rows.iter_mut().zip(to_rows(k)?).zip(to_rows(v)?) {
+                row.layers.push((k, v));
+            }
+        }
+        Ok(HostKvCache { rows })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ForwardInput, TransformerConfig};
+    use burn::tensor::{Int, TensorData};
+
+    fn ids(v: Vec<i64>, b: usize, l: usize, device: &Device) -> Tensor<2, Int> {
+        Tensor::from_data(TensorData::new(v, [b, l]), device)
+    }
+
+    /// A tiny model with every optional part the host step handles: biases, per-head q/k norms,
+    /// grouped-query attention, tied or untied head.
+    fn tiny(tied: bool, device: &Device) -> Transformer {
+        TransformerConfig::new(40, 32, 48, 2, 4, 2, 8)
+            .with_attention_bias(true)
+            .with_qk_norm(true)
+            .with_tie_word_embeddings(tied)
+            .init_seeded(device, 11)
+    }
+
+    #[test]
+    fn host_steps_match_the_backend_with_padding_and_repeated_rows() {
+        let device = Device::flex();
+        for tied in [true, false] {
+            let model = tiny(tied, &device);
+            let host = HostWeights::new(&model).expect("host copies");
+            // Two prompts, the second left-padded by two positions.
+            let prompt = ForwardInput {
+                input_ids: ids(vec![3, 9, 4, 1, 0, 0, 7, 2], 2, 4, &device),
+                position_ids: ids(vec![0, 1, 2, 3, 0, 0, 0, 1], 2, 4, &device),
+                attention_mask: Some(ids(vec![1, 1, 1, 1, 0, 0, 1, 1], 2, 4, &device)),
+                segment_ids: None,
+            };
+            let mut cache = KvCache::new();
+            let _ = model.forward_cached(&prompt, &mut cache);
+            // Row 1 twice, then row 0 (a prompt sampled several times).
+            let order = [1, 1, 0];
+            cache.select_rows(&order);
+            let mut host_cache = cache.to_host().expect("left padding only");
+            assert_eq!(host_cache.rows(), 3);
+            let mut positions = vec![2usize, 2, 4];
+            for step in 0..3u32 {
+                let tokens = [5 + step, 11 + step, 20 + step];
+                let input = ForwardInput {
+                    input_ids: ids(tokens.iter().map(|&t| t as i64).collect(), 3, 1, &device),
+                    position_ids: ids(positions.iter().map(|&p| p as i64).collect(), 3, 1, &device),
+                    attention_mask: None,
+                    segment_ids: None,
+                };
+                let want = host_vec(model.forward_cached(&input, &mut cache)).expect("logits");
+                let got = host
+                    .decode_step(&mut host_cache, &tokens, &positions)
+                    .expect("step");
+                let diff = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(diff < 1e-5, "tied {tied}, step {step}: max |Δlogit| {diff}");
+                positions.iter_mut().for_each(|p| *p += 1);
+            }
+            // Dropping a row keeps the others' caches.
+            host_cache.select_rows(&[2, 0]);
+            cache.select_rows(&[2, 0]);
+            let tokens = [1, 2];
+            let input = ForwardInput {
+                input_ids: ids(vec![1, 2], 2, 1, &device),
+                position_ids: ids(vec![7, 5], 2, 1, &device),
+                attention_mask: None,
+                segment_ids: None,
+            };
+            let want = host_vec(model.forward_cached(&input, &mut cache)).expect("logits");
+            let got = host
+                .decode_step(&mut host_cache, &tokens, &[7, 5])
+                .expect("step");
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(diff < 1e-5, "tied {tied}, after dropping a row: {diff}");
+        }
+    }
+
+    #[test]
+    fn bad_steps_and_caches_are_rejected() {
+        let device = Device::flex();
+        let model = tiny(true, &device);
+        let host = HostWeights::new(&model).expect("host copies");
+        let empty = KvCache::new().to_host().expect_err("nothing prefilled");
+        assert!(empty.to_string().contains("prefill"), "{empty}");
+        // Padding after a real token cannot be kept as a start offset.
+        let mut cache = KvCache::new();
+        let holes = ForwardInput {
+            input_ids: ids(vec![3, 9, 4], 1, 3, &device),
+            position_ids: ids(vec![0, 1, 2], 1, 3, &device),
+            attention_mask: Some(ids(vec![1, 0, 1], 1, 3, &device)),
+            segment_ids: None,
+        };
+        let _ = model.forward_cached(&holes, &mut cache);
+        let err = cache.to_host().expect_err("hole in the mask");
+        assert!(err.to_string().contains("padding after"), "{err}");
+        let mut cache = KvCache::new();
+        let _ = model.forward_cached(
+            &ForwardInput::new(ids(vec![3, 9], 1, 2, &device)),
+            &mut cache,
+        );
+        let mut hc = cache.to_host().expect("prefilled");
+        let err = host
+            .decode_step(&mut hc, &[1, 2], &[2, 2])
+            .expect_err("two tokens, one row");
+        assert!(err.to_string().contains("2 tokens"), "{err}");
+        let err = host
+            .decode_step(&mut hc, &[400], &[2])
+            .expect_err("outside the vocabulary");
+        assert!(err.to_string().contains("vocabulary"), "{err}");
+    }
+}
