@@ -2,12 +2,13 @@
 //! PyTorch/transformers, printed as one JSON line.
 //!
 //! ```text
-//! cargo run --release --example throughput -- --model PATH [--device D] [--reps 3] --json
+//! cargo run --release --example throughput -- --model PATH [--device D] [--reps 3]
+//!     [--new-tokens 64] --json
 //! ```
-//! - `decode_tok_s_b1`, `decode_tok_s_b8`: batch × 64 / median wall time of one whole generate
-//!   call (32-token prompts cut from the same text as bench_hf.py, no padding, prefill included,
-//!   exactly 64 new tokens with EOS not stopping, temperature 1, no top-k/top-p), after a
-//!   warm-up; median of `--reps`.
+//! - `decode_tok_s_b1`, `decode_tok_s_b8`: batch × new tokens / median wall time of one whole
+//!   generate call (32-token prompts cut from the same text as bench_hf.py, no padding, prefill
+//!   included, exactly `--new-tokens` (64, as bench_hf.py) new tokens with EOS not stopping,
+//!   temperature 1, no top-k/top-p), after a warm-up; median of `--reps`.
 //! - `forward_tok_s`: 8 × 128 / median time of one no-autodiff forward producing full-vocabulary
 //!   logits at every position (random ids ≥ 17; the logits are summed and read back as one
 //!   scalar, as bench_hf.py does).
@@ -55,10 +56,13 @@ fn main() -> Result<()> {
         ("model", true),
         ("device", true),
         ("reps", true),
+        ("new-tokens", true),
         ("json", false),
     ])
     .map_err(anyhow::Error::msg)?;
     let reps: usize = args.get("reps", 3).map_err(anyhow::Error::msg)?;
+    let new_tokens: usize = args.get("new-tokens", 64).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(new_tokens >= 1, "--new-tokens must be at least 1");
     let device = common::device(&args)?;
     let p = common::load(&args, &device)?;
     let load_rss = peak_rss_mb();
@@ -81,12 +85,12 @@ fn main() -> Result<()> {
         let times: Vec<f64> = (0..reps)
             .map(|r| {
                 let t = Instant::now();
-                let out = sampler.generate(&prompts, &cfg(64, r as u64))?;
-                assert!(out.iter().all(|c| c.tokens.len() == 64));
+                let out = sampler.generate(&prompts, &cfg(new_tokens, r as u64))?;
+                assert!(out.iter().all(|c| c.tokens.len() == new_tokens));
                 Ok(t.elapsed().as_secs_f64())
             })
             .collect::<Result<_>>()?;
-        decode.push(bs as f64 * 64.0 / median(times));
+        decode.push((bs * new_tokens) as f64 / median(times));
     }
     let (b, t) = (8usize, 128usize);
     let vocab = p.config.vocab_size as u64;

@@ -228,6 +228,8 @@ impl HostWeights {
             .iter()
             .flat_map(|&t| self.embedding(t).iter().copied())
             .collect();
+        let tables: Vec<(Vec<f32>, Vec<f32>)> =
+            positions.iter().map(|&p| self.rope_table(p)).collect();
         for (i, layer) in self.layers.iter().enumerate() {
             let mut qkv = layer.qkv.matmul(&layer.input_norm.applied(&x));
             add_bias(&mut qkv, layer.qkv_bias.as_ref());
@@ -237,16 +239,16 @@ impl HostWeights {
                 .par_iter_mut()
                 .zip(qkv.par_chunks_mut(nq + 2 * nkv))
                 .zip(attn.par_chunks_mut(nq))
-                .zip(positions)
-                .for_each(|(((row, qkv), out), &pos)| {
+                .zip(&tables)
+                .for_each(|(((row, qkv), out), (cos, sin))| {
                     let (q, kv) = qkv.split_at_mut(nq);
                     let (k, v) = kv.split_at_mut(nkv);
                     if let Some((qn, kn)) = &layer.qk_norm {
                         qn.apply(q);
                         kn.apply(k);
                     }
-                    self.rope(q, pos);
-                    self.rope(k, pos);
+                    rope(q, (cos, sin));
+                    rope(k, (cos, sin));
                     let (keys, values) = &mut row.layers[i];
                     keys.extend_from_slice(k);
                     values.extend_from_slice(v);
@@ -275,22 +277,25 @@ impl HostWeights {
         Ok(logits)
     }
 
-    /// HF's `rotate_half` RoPE on every `head_dim`-wide head of `x`, at position `pos`.
-    fn rope(&self, x: &mut [f32], pos: usize) {
-        let half = self.head_dim / 2;
+    /// RoPE's `cos` and `sin` at position `pos` (`head_dim / 2` each).
+    fn rope_table(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
         let p = pos as f32;
-        let (cos, sin): (Vec<f32>, Vec<f32>) = self
-            .inv_freq
+        self.inv_freq
             .iter()
             .map(|&f| ((p * f).cos(), (p * f).sin()))
-            .unzip();
-        for head in x.chunks_mut(self.head_dim) {
-            let (x1, x2) = head.split_at_mut(half);
-            for i in 0..half {
-                let (a, b) = (x1[i], x2[i]);
-                x1[i] = a * cos[i] - b * sin[i];
-                x2[i] = b * cos[i] + a * sin[i];
-            }
+            .unzip()
+    }
+}
+
+/// HF's `rotate_half` RoPE on every `cos.len() · 2`-wide head of `x`.
+fn rope(x: &mut [f32], (cos, sin): (&[f32], &[f32])) {
+    let half = cos.len();
+    for head in x.chunks_mut(2 * half) {
+        let (x1, x2) = head.split_at_mut(half);
+        for i in 0..half {
+            let (a, b) = (x1[i], x2[i]);
+            x1[i] = a * cos[i] - b * sin[i];
+            x2[i] = b * cos[i] + a * sin[i];
         }
     }
 }
