@@ -1,9 +1,11 @@
 //! Batched sampling on the KV-cache model, recording the behaviour log-probs `log μ` of every
 //! sampled token.
 //!
-//! Each step moves one `[rows, vocab]` block of tempered log-probabilities to the host (the
-//! sampling itself needs it) and nothing else. Rows that finish are dropped from the batch and
-//! from the KV cache, so they stop costing compute.
+//! Prompts are prefilled on the model's device. On a CPU device (flex, ndarray) with AVX-512, steps
+//! of at most [`DECODE_ROWS`] rows then run on the host ([`HostWeights::decode_step`] over the
+//! cache moved there once); otherwise every step runs on the device and moves one `[rows, vocab]`
+//! block of logits to the host, which the sampling needs. Rows that finish are dropped from the
+//! batch and from the KV cache, so they stop costing compute.
 
 use crate::{LearnerBatch, Result, RolloutError};
 use burn::config::Config;
