@@ -302,7 +302,8 @@ fn rope(x: &mut [f32], (cos, sin): (&[f32], &[f32])) {
 
 /// Scaled dot-product attention of one row's new token: query heads `q` (`[h · hd]`) against the
 /// row's cached keys and values from position `start` on (`[len, kvh · hd]` each), into `out`
-/// (`[h · hd]`). Query head `j` reads key/value head `j / (h / kvh)`.
+/// (`[h · hd]`). Query head `j` reads key/value head `j / (h / kvh)`; the query heads of a group
+/// are scored together, so each cached key and value is read once per group, not once per head.
 fn attend(
     q: &[f32],
     keys: &[f32],
@@ -312,26 +313,35 @@ fn attend(
     out: &mut [f32],
 ) {
     let kvd = kvh * hd;
-    let len = keys.len() / kvd;
+    let (len, rep) = (keys.len() / kvd, h / kvh);
+    let span = len - start;
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut scores = vec![0f32; len - start];
-    for (j, (qh, oh)) in q.chunks(hd).zip(out.chunks_mut(hd)).enumerate() {
-        let g = j / (h / kvh);
-        for (s, t) in scores.iter_mut().zip(start..len) {
+    let mut scores = vec![0f32; rep * span];
+    for g in 0..kvh {
+        let qs = &q[g * rep * hd..(g + 1) * rep * hd];
+        for (i, t) in (start..len).enumerate() {
             let k = &keys[t * kvd + g * hd..][..hd];
-            *s = dot(qh, k) * scale;
+            for (r, qh) in qs.chunks(hd).enumerate() {
+                scores[r * span + i] = dot(qh, k) * scale;
+            }
         }
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            total += *s;
+        for row in scores.chunks_mut(span) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0f32;
+            for s in row.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            row.iter_mut().for_each(|s| *s /= total);
         }
-        oh.fill(0.0);
-        for (s, t) in scores.iter().zip(start..len) {
-            let w = s / total;
+        let os = &mut out[g * rep * hd..(g + 1) * rep * hd];
+        os.fill(0.0);
+        for (i, t) in (start..len).enumerate() {
             let v = &values[t * kvd + g * hd..][..hd];
-            oh.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
+            for (r, oh) in os.chunks_mut(hd).enumerate() {
+                let w = scores[r * span + i];
+                oh.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
+            }
         }
     }
 }
