@@ -43,11 +43,12 @@ pub struct HostMatrix {
     layout: Layout,
 }
 
-fn host_vec(t: Tensor<2>) -> Result<Vec<f32>> {
+/// A tensor's values, row-major, as `f32` on the host.
+pub(crate) fn host_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
     t.into_data()
         .convert::<f32>()
         .try_into_vec::<f32>()
-        .map_err(|e| ModelError::Input(format!("weight to host: {e:?}")))
+        .map_err(|e| ModelError::Input(format!("tensor to host: {e:?}")))
 }
 
 impl HostMatrix {

@@ -4,15 +4,17 @@
 //! A decode step of a group of 8 sequences is a few rows against every weight of the model. Its
 //! products are memory-bound and run on the kernels of [`crate::decode`]; everything between them
 //! (norms, RoPE, a cache that grows by one position, attention over ~100 keys) is tiny, and as
-//! backend tensor operations each allocates, dispatches and copies — about as much time as the
-//! products themselves for SmolLM2. Here it is a few loops over `f32` slices instead.
+//! backend tensor operations each allocates, dispatches and copies, and a cache grown by
+//! concatenation is copied whole every step. Here it is a few loops over `f32` slices instead,
+//! the cache grows in place, and the query heads that share a key/value head read its cached
+//! keys and values once.
 //!
 //! The sampler prefills prompts on the backend ([`Transformer::forward_cached`]), moves the cache
 //! to the host once ([`KvCache::to_host`]) and then calls [`HostWeights::decode_step`] for each
 //! new token. The result equals the backend's forward pass to f32 rounding (tests in
 //! `tests/fixtures.rs` against transformers' logits).
 
-use crate::decode::{HostMatrix, host_resident, kernels_available};
+use crate::decode::{HostMatrix, host_resident, host_vec, kernels_available};
 use crate::model::{KvCache, Transformer};
 use crate::{ModelError, Result};
 use burn::nn::{Linear, RmsNorm};
@@ -22,13 +24,6 @@ use rayon::prelude::*;
 /// Most rows a decode step runs on the host: the kernels read every weight once per
 /// [`crate::decode::MAX_ROWS`] rows, so for larger batches the backend's tiled product is faster.
 pub const DECODE_ROWS: usize = 2 * crate::decode::MAX_ROWS;
-
-fn host_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
-    t.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| ModelError::Input(format!("weight to host: {e:?}")))
-}
 
 /// An RMSNorm's scale and ε.
 #[derive(Debug, Clone)]
