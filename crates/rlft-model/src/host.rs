@@ -456,6 +456,32 @@ mod tests {
             .init_seeded(device, 11)
     }
 
+    /// One decode step of `tokens` at `positions` on the backend (`cache`) and on the host
+    /// (`host_cache`): the largest logit difference.
+    fn step_both(
+        model: &Transformer,
+        host: &HostWeights,
+        (cache, host_cache): (&mut KvCache, &mut HostKvCache),
+        tokens: &[u32],
+        positions: &[usize],
+    ) -> f32 {
+        let (n, device) = (tokens.len(), model.embed_tokens.weight.device());
+        let input = ForwardInput {
+            input_ids: ids(tokens.iter().map(|&t| t as i64).collect(), n, 1, &device),
+            position_ids: ids(positions.iter().map(|&p| p as i64).collect(), n, 1, &device),
+            attention_mask: None,
+            segment_ids: None,
+        };
+        let want = host_vec(model.forward_cached(&input, cache)).expect("logits");
+        let got = host
+            .decode_step(host_cache, tokens, positions)
+            .expect("step");
+        got.iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max)
+    }
+
     #[test]
     fn host_steps_match_the_backend_with_padding_and_repeated_rows() {
         let device = Device::flex();
@@ -479,43 +505,16 @@ mod tests {
             let mut positions = vec![2usize, 2, 4];
             for step in 0..3u32 {
                 let tokens = [5 + step, 11 + step, 20 + step];
-                let input = ForwardInput {
-                    input_ids: ids(tokens.iter().map(|&t| t as i64).collect(), 3, 1, &device),
-                    position_ids: ids(positions.iter().map(|&p| p as i64).collect(), 3, 1, &device),
-                    attention_mask: None,
-                    segment_ids: None,
-                };
-                let want = host_vec(model.forward_cached(&input, &mut cache)).expect("logits");
-                let got = host
-                    .decode_step(&mut host_cache, &tokens, &positions)
-                    .expect("step");
-                let diff = got
-                    .iter()
-                    .zip(&want)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0, f32::max);
+                let caches = (&mut cache, &mut host_cache);
+                let diff = step_both(&model, &host, caches, &tokens, &positions);
                 assert!(diff < 1e-5, "tied {tied}, step {step}: max |Δlogit| {diff}");
                 positions.iter_mut().for_each(|p| *p += 1);
             }
             // Dropping a row keeps the others' caches.
             host_cache.select_rows(&[2, 0]);
             cache.select_rows(&[2, 0]);
-            let tokens = [1, 2];
-            let input = ForwardInput {
-                input_ids: ids(vec![1, 2], 2, 1, &device),
-                position_ids: ids(vec![7, 5], 2, 1, &device),
-                attention_mask: None,
-                segment_ids: None,
-            };
-            let want = host_vec(model.forward_cached(&input, &mut cache)).expect("logits");
-            let got = host
-                .decode_step(&mut host_cache, &tokens, &[7, 5])
-                .expect("step");
-            let diff = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let caches = (&mut cache, &mut host_cache);
+            let diff = step_both(&model, &host, caches, &[1, 2], &[7, 5]);
             assert!(diff < 1e-5, "tied {tied}, after dropping a row: {diff}");
         }
     }

@@ -227,12 +227,13 @@ impl<'a> Sampler<'a> {
             Tensor::<2, Int>::from_data(TensorData::new(v, [r, c]), &device)
         };
         let padded = unique.iter().any(|p| p.len() < lp);
-        let mut input = ForwardInput {
+        // The first step's input; later backend steps take each row's last token.
+        let mut prompt_input = Some(ForwardInput {
             input_ids: int2(ids, b, lp),
             position_ids: int2(pos, b, lp),
             attention_mask: padded.then(|| int2(mask, b, lp)),
             segment_ids: None,
-        };
+        });
         let mut rows: Vec<Row> = prompts
             .iter()
             .enumerate()
@@ -255,9 +256,9 @@ impl<'a> Sampler<'a> {
         // Decode steps of few rows run on the host (`HostWeights::decode_step`) once the prompts
         // are prefilled; from then on `host_cache` holds the keys and values.
         let mut host_cache: Option<HostKvCache> = None;
-        let mut prefill = true;
         loop {
             let n = rows.len();
+            let prefill = prompt_input.is_some();
             let host = if prefill || n > DECODE_ROWS {
                 None
             } else {
@@ -274,8 +275,15 @@ impl<'a> Sampler<'a> {
                     w.decode_step(hc, &tokens, &pos).map_err(model_err)?
                 }
                 None => {
+                    let input = prompt_input.take().unwrap_or_else(|| ForwardInput {
+                        input_ids: int2(rows.iter().map(|r| r.last_token() as i64).collect(), n, 1),
+                        position_ids: int2(rows.iter().map(Row::next_position).collect(), n, 1),
+                        // The cache remembers the prompt's padding; new tokens are all real.
+                        attention_mask: None,
+                        segment_ids: None,
+                    });
                     let mut logits = self.model.forward_cached(&input, &mut cache);
-                    if std::mem::take(&mut prefill) && unique.len() < prompts.len() {
+                    if prefill && unique.len() < prompts.len() {
                         cache.select_rows(&source);
                         let rows: Vec<i64> = source.iter().map(|&u| u as i64).collect();
                         let rows = Tensor::<1, Int>::from_data(
@@ -349,18 +357,6 @@ impl<'a> Sampler<'a> {
                     .filter(|(r, _)| keep.binary_search(r).is_ok())
                     .map(|(_, row)| row)
                     .collect();
-            }
-            if host_cache.is_none() {
-                let n = rows.len();
-                let next: Vec<i64> = rows.iter().map(|r| r.last_token() as i64).collect();
-                let pos: Vec<i64> = rows.iter().map(Row::next_position).collect();
-                input = ForwardInput {
-                    input_ids: int2(next, n, 1),
-                    position_ids: int2(pos, n, 1),
-                    // The cache remembers the prompt's padding; new tokens are all real.
-                    attention_mask: None,
-                    segment_ids: None,
-                };
             }
         }
         let mut done: Vec<Completion> = done
