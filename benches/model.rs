@@ -85,6 +85,7 @@ fn bench(c: &mut Criterion) {
             ),
             attention_mask: None,
             segment_ids: None,
+            prefix_ids: None,
         };
         g.bench_function(format!("decode_step_b{batch}_ctx32"), |b| {
             b.iter(|| {

@@ -471,6 +471,7 @@ mod tests {
             position_ids: ids(positions.iter().map(|&p| p as i64).collect(), n, 1, &device),
             attention_mask: None,
             segment_ids: None,
+            prefix_ids: None,
         };
         let want = host_vec(model.forward_cached(&input, cache)).expect("logits");
         let got = host
@@ -494,6 +495,7 @@ mod tests {
                 position_ids: ids(vec![0, 1, 2, 3, 0, 0, 0, 1], 2, 4, &device),
                 attention_mask: Some(ids(vec![1, 1, 1, 1, 0, 0, 1, 1], 2, 4, &device)),
                 segment_ids: None,
+                prefix_ids: None,
             };
             let mut cache = KvCache::new();
             let _ = model.forward_cached(&prompt, &mut cache);
@@ -533,6 +535,7 @@ mod tests {
             position_ids: ids(vec![0, 1, 2], 1, 3, &device),
             attention_mask: Some(ids(vec![1, 0, 1], 1, 3, &device)),
             segment_ids: None,
+            prefix_ids: None,
         };
         let _ = model.forward_cached(&holes, &mut cache);
         let err = cache.to_host().expect_err("hole in the mask");

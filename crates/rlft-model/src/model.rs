@@ -81,6 +81,10 @@ pub struct ForwardInput {
     /// attends only to earlier tokens with the same id. `None`: one sequence per row. Only for
     /// passes without a KV cache.
     pub segment_ids: Option<Tensor<2, Int>>,
+    /// With `segment_ids`: a second sequence id per token, whose earlier tokens it may also
+    /// attend to — the prompt that several packed responses share, laid out once before them.
+    /// `None`: each token sees its own sequence only.
+    pub prefix_ids: Option<Tensor<2, Int>>,
 }
 
 impl ForwardInput {
@@ -95,6 +99,7 @@ impl ForwardInput {
             position_ids: pos,
             attention_mask: None,
             segment_ids: None,
+            prefix_ids: None,
         }
     }
 }
@@ -196,8 +201,13 @@ impl Transformer {
         let mut mask = causal.bool_or(pad.expand([b, 1, l, total]));
         if let Some(seg) = input.segment_ids.as_ref().filter(|_| past == 0) {
             // Packed sequences: no attention across sequence boundaries.
-            let q = seg.clone().unsqueeze_dim::<3>(2).expand([b, l, l]);
-            let other = q.not_equal(seg.clone().unsqueeze_dim::<3>(1).expand([b, l, l]));
+            let keys = seg.clone().unsqueeze_dim::<3>(1).expand([b, l, l]);
+            let query = |ids: &Tensor<2, Int>| ids.clone().unsqueeze_dim::<3>(2).expand([b, l, l]);
+            let mut other = query(seg).not_equal(keys.clone());
+            if let Some(prefix) = &input.prefix_ids {
+                // ... except into the shared prefix a query names.
+                other = other.bool_and(query(prefix).not_equal(keys));
+            }
             mask = mask.bool_or(other.unsqueeze_dim::<4>(1));
         }
         if let Some(c) = cache.as_mut() {

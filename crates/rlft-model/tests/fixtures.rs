@@ -88,6 +88,7 @@ fn greedy_cached(model: &Transformer, prompt: &[i64], steps: usize, device: &Dev
             position_ids: int2(vec![seq.len() as i64 - 1], [1, 1], device),
             attention_mask: None,
             segment_ids: None,
+            prefix_ids: None,
         };
     }
     assert_eq!(cache.len(), seq.len() - 1);
@@ -109,6 +110,7 @@ fn incremental(
         position_ids: input.position_ids.clone().narrow(1, a, n),
         attention_mask: input.attention_mask.clone().map(|m| m.narrow(1, a, n)),
         segment_ids: None,
+        prefix_ids: None,
     };
     let mut cache = KvCache::new();
     let prefill = model.forward_cached(&cols(0, split), &mut cache);
@@ -217,6 +219,7 @@ fn check_fixture(name: &str) {
         position_ids: int2(flat("position_ids"), [b, l], &device),
         attention_mask: Some(int2(flat("attention_mask"), [b, l], &device)),
         segment_ids: None,
+        prefix_ids: None,
     };
     let (got, [_, _, v]) = logits(&model, input.clone());
     let cached = incremental(&model, &input, l - 3, None);

@@ -342,6 +342,7 @@ fn smollm2_gguf_continues_armstrong_and_tokenizes_like_its_export() {
             ),
             attention_mask: None,
             segment_ids: None,
+            prefix_ids: None,
         };
     }
     let text = tok.decode(&new, false).unwrap();

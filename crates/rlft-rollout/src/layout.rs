@@ -8,11 +8,16 @@
 //! `T` response tokens of the batch, and [`LearnerBatch::rows`] lays per-token results out as
 //! `[n, R]` (zeros past each response) for the losses. In a GRPO batch whose longest response
 //! is twice the mean, this halves the learner's work compared with padding every row to the
-//! longest. Rescoring the sampler's μ and the learner's π must build the same layout, or the two
+//! longest. Rows with the same prompt (the G responses of a GRPO group) share one copy of it:
+//! the prompt is laid out once, followed by each response, which attends to the prompt and to
+//! its own earlier tokens (`ForwardInput::prefix_ids`) — with one prompt of 45 tokens and 8
+//! responses of 55 this is 485 tokens where whole rows were 800, and the prompt's gradient is
+//! the sum over the responses that read it, exactly as if each row were alone. Rescoring the sampler's μ and the learner's π must build the same layout, or the two
 //! differ by the rounding of different shapes.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rlft_model::{ForwardInput, Transformer};
+use std::collections::HashMap;
 
 /// Widths tried for the bins, as multiples of the longest row: the narrowest of the least
 /// total area wins (attention grows with the square of the width).
@@ -21,10 +26,12 @@ const WIDTHS: [usize; 4] = [1, 2, 3, 4];
 /// Rows in the learner's layout (see the module docs).
 #[derive(Debug, Clone)]
 pub struct LearnerBatch {
-    /// `[bins, W]` token ids, positions, and row ids (`-1` on padding).
+    /// `[bins, W]` token ids, positions, sequence ids (a row's id, or a shared prompt's id
+    /// `n + u`; `-1` on padding) and the sequence each token may also see (a shared prompt).
     ids: Vec<i64>,
     positions: Vec<i64>,
     segments: Vec<i64>,
+    prefixes: Vec<i64>,
     bins: usize,
     width: usize,
     /// Index into the flattened `[bins·W]` positions of the position that predicts each
@@ -60,20 +67,33 @@ fn first_fit(lens: &[usize], width: usize) -> (Vec<usize>, Vec<usize>) {
 
 impl LearnerBatch {
     /// Packs rows given as `(prompt + response tokens, prompt length)`; padding uses `pad_id`.
-    /// A row with an empty prompt gets one `pad_id` token in front, whose logits predict its
-    /// first response token.
+    /// Rows whose prompts are equal (a GRPO group) share one copy of it: the prompt is laid out
+    /// once, each response after it sees the prompt and its own earlier tokens, and the prompt's
+    /// last position predicts every response's first token. A row with an empty prompt gets one
+    /// `pad_id` token in front, whose logits predict its first response token.
     pub fn new<T: Copy + Into<i64>>(rows: &[(&[T], usize)], pad_id: i64, device: &Device) -> Self {
         let n = rows.len();
-        let lens: Vec<usize> = rows
+        let wide = |ids: &[T]| ids.iter().map(|&t| t.into()).collect::<Vec<i64>>();
+        // Units: a prompt (with its lead pad if empty) and the responses of the rows that share it.
+        let mut units: Vec<(Vec<i64>, Vec<usize>)> = Vec::new();
+        let mut unit_of: HashMap<Vec<i64>, usize> = HashMap::new();
+        for (k, (row, pl)) in rows.iter().enumerate() {
+            let prompt = match *pl {
+                0 => vec![pad_id],
+                pl => wide(&row[..pl]),
+            };
+            let u = *unit_of.entry(prompt.clone()).or_insert_with(|| {
+                units.push((prompt, Vec::new()));
+                units.len() - 1
+            });
+            units[u].1.push(k);
+        }
+        let response = |k: usize| &rows[k].0[rows[k].1..];
+        let lens: Vec<usize> = units
             .iter()
-            .map(|(ids, pl)| ids.len() + usize::from(*pl == 0))
+            .map(|(p, ks)| p.len() + ks.iter().map(|&k| response(k).len()).sum::<usize>())
             .collect();
-        let r = rows
-            .iter()
-            .map(|(ids, pl)| ids.len().saturating_sub(*pl))
-            .max()
-            .unwrap_or(0)
-            .max(1);
+        let r = (0..n).map(|k| response(k).len()).max().unwrap_or(0).max(1);
         let longest = lens.iter().copied().max().unwrap_or(1).max(1);
         let (width, (bin_of, fill)) = WIDTHS
             .iter()
@@ -84,24 +104,41 @@ impl LearnerBatch {
         let mut ids = vec![pad_id; bins * width];
         let mut positions = vec![0i64; bins * width];
         let mut segments = vec![-1i64; bins * width];
+        let mut prefixes = vec![-1i64; bins * width];
         let mut used = vec![0usize; bins];
-        let (mut predict, mut targets, mut slots) = (Vec::new(), Vec::new(), vec![0i64; n * r]);
-        for (k, (row, pl)) in rows.iter().enumerate() {
-            let b = bin_of[k];
-            let start = b * width + used[b];
-            used[b] += lens[k];
-            let lead = usize::from(*pl == 0);
-            let toks = std::iter::repeat_n(pad_id, lead).chain(row.iter().map(|&t| t.into()));
-            for (j, t) in toks.enumerate() {
-                ids[start + j] = t;
-                positions[start + j] = j as i64;
-                segments[start + j] = k as i64;
+        // Per row: the index of its prompt's last token and of its first response token.
+        let mut at = vec![(0usize, 0usize); n];
+        for (u, (prompt, members)) in units.iter().enumerate() {
+            let b = bin_of[u];
+            let mut next = b * width + used[b];
+            used[b] += lens[u];
+            // A prompt of one row is part of that row's sequence; a shared one is its own.
+            let prompt_seg = match members[..] {
+                [k] => k as i64,
+                _ => (n + u) as i64,
+            };
+            for (j, &t) in prompt.iter().enumerate() {
+                (ids[next], positions[next]) = (t, j as i64);
+                (segments[next], prefixes[next]) = (prompt_seg, prompt_seg);
+                next += 1;
             }
-            let pl = pl + lead;
+            let prompt_last = next - 1;
+            for &k in members {
+                at[k] = (prompt_last, next);
+                for (j, &t) in response(k).iter().enumerate() {
+                    (ids[next], positions[next]) = (t.into(), (prompt.len() + j) as i64);
+                    (segments[next], prefixes[next]) = (k as i64, prompt_seg);
+                    next += 1;
+                }
+            }
+        }
+        let (mut predict, mut targets, mut slots) = (Vec::new(), Vec::new(), vec![0i64; n * r]);
+        for (k, &(last_prompt, first)) in at.iter().enumerate() {
+            let len = response(k).len();
             for j in 0..r {
-                slots[k * r + j] = if pl + j < lens[k] {
-                    predict.push((start + pl + j - 1) as i64);
-                    targets.push(ids[start + pl + j]);
+                slots[k * r + j] = if j < len {
+                    predict.push(if j == 0 { last_prompt } else { first + j - 1 } as i64);
+                    targets.push(ids[first + j]);
                     (predict.len() - 1) as i64
                 } else {
                     -1
@@ -118,6 +155,7 @@ impl LearnerBatch {
             ids,
             positions,
             segments,
+            prefixes,
             bins,
             width,
             predict,
@@ -169,6 +207,7 @@ impl LearnerBatch {
             position_ids: self.int(&self.positions, shape),
             attention_mask: Some(self.int(&real, shape)),
             segment_ids: Some(self.int(&self.segments, shape)),
+            prefix_ids: Some(self.int(&self.prefixes, shape)),
         }
     }
 
@@ -262,6 +301,30 @@ mod tests {
     }
 
     #[test]
+    fn rows_with_one_prompt_share_a_single_copy_of_it() {
+        let device = Device::default();
+        let a: Vec<u32> = vec![1, 2, 10, 11];
+        let b: Vec<u32> = vec![1, 2, 20];
+        let c: Vec<u32> = vec![3, 30];
+        let batch = LearnerBatch::new(&[(&a[..], 2), (&b[..], 2), (&c[..], 1)], 0, &device);
+        let input = batch.input();
+        // Width 5 (the longest unit: prompt 1 2, then 10 11, then 20); `c` gets its own bin.
+        assert_eq!(
+            host(input.input_ids),
+            vec![1, 2, 10, 11, 20, 3, 30, 0, 0, 0]
+        );
+        assert_eq!(host(input.position_ids), vec![0, 1, 2, 3, 2, 0, 1, 0, 0, 0]);
+        // The shared prompt is sequence n + 0 = 3; `c`'s prompt is part of its own row (2).
+        let segments = host(input.segment_ids.unwrap());
+        assert_eq!(segments, vec![3, 3, 0, 0, 1, 2, 2, -1, -1, -1]);
+        let prefixes = host(input.prefix_ids.unwrap());
+        assert_eq!(prefixes, vec![3, 3, 3, 3, 3, 2, 2, -1, -1, -1]);
+        // The prompt's last token predicts both first tokens.
+        assert_eq!(host(batch.targets()), vec![10, 11, 20, 30]);
+        assert_eq!(batch.predict, vec![1, 2, 1, 5]);
+    }
+
+    #[test]
     fn per_token_values_laid_out_per_row_with_zeros_past_each_response() {
         let device = Device::default();
         let a: Vec<u32> = vec![1, 2, 3, 10, 20];
@@ -289,11 +352,16 @@ mod tests {
     fn packed_rows_score_as_if_each_were_alone() {
         let device = Device::default();
         let model = TransformerConfig::new(50, 32, 64, 2, 4, 2, 8).init_seeded(&device, 3);
+        // Rows 0 and 4 share a prompt, as do rows 2 and 5 and rows 6 and 7 (empty).
         let rows: Vec<(Vec<u32>, usize)> = vec![
             ((1..12).collect(), 5),
             ((20..25).collect(), 2),
             ((30..33).collect(), 1),
             ((40..47).collect(), 6),
+            ([&[1, 2, 3, 4, 5][..], &[9, 8, 7][..]].concat(), 5),
+            (vec![30, 44, 45, 46, 47], 1),
+            (vec![3, 4], 0),
+            (vec![5, 6, 7], 0),
         ];
         let refs: Vec<(&[u32], usize)> = rows.iter().map(|(r, p)| (&r[..], *p)).collect();
         let batch = LearnerBatch::new(&refs, 0, &device);
@@ -305,13 +373,17 @@ mod tests {
         let r = batch.response_len();
         for (k, (row, pl)) in rows.iter().enumerate() {
             let ids: Vec<i64> = row.iter().map(|&t| t as i64).collect();
+            let (ids, pl) = match pl {
+                0 => ([&[0][..], &ids[..]].concat(), 1),
+                &pl => (ids, pl),
+            };
             let input = ForwardInput::new(Tensor::from_data(
                 TensorData::new(ids.clone(), [1, ids.len()]),
                 &device,
             ));
             let logits = model.forward_positions(&input, pl - 1, ids.len() - pl);
             let labels = Tensor::from_data(
-                TensorData::new(ids[*pl..].to_vec(), [1, ids.len() - pl]),
+                TensorData::new(ids[pl..].to_vec(), [1, ids.len() - pl]),
                 &device,
             );
             let alone = floats(rlft_algo::logprobs_from_logits(logits, labels, None).unwrap());

@@ -233,6 +233,7 @@ impl<'a> Sampler<'a> {
             position_ids: int2(pos, b, lp),
             attention_mask: padded.then(|| int2(mask, b, lp)),
             segment_ids: None,
+            prefix_ids: None,
         });
         let mut rows: Vec<Row> = prompts
             .iter()
@@ -281,6 +282,7 @@ impl<'a> Sampler<'a> {
                         // The cache remembers the prompt's padding; new tokens are all real.
                         attention_mask: None,
                         segment_ids: None,
+                        prefix_ids: None,
                     });
                     let mut logits = self.model.forward_cached(&input, &mut cache);
                     if prefill && unique.len() < prompts.len() {

@@ -272,6 +272,15 @@ impl Task {
         }
     }
 
+    /// `ex` with its answer one too high where the answer is a number (a weak teacher's
+    /// demonstration for the SFT warm-up); other examples unchanged.
+    pub fn off_by_one(&self, mut ex: Example) -> Example {
+        if let Ok(v) = ex.answer.parse::<i64>() {
+            ex.answer = (v + 1).to_string();
+        }
+        ex
+    }
+
     /// Whether `completion` solves `ex`.
     pub fn is_correct(&self, ex: &Example, completion: &str) -> bool {
         match self.kind {
@@ -378,6 +387,19 @@ mod tests {
                 .to_string()
                 .contains("arithmetic")
         );
+    }
+
+    #[test]
+    fn a_weak_teachers_answer_is_one_too_high_and_judged_wrong() {
+        let task = Task::new(TaskKind::Arithmetic, 1).unwrap();
+        for ex in task.examples(Split::Train, 20) {
+            let weak = task.off_by_one(ex.clone());
+            let v: i64 = ex.answer.parse().unwrap();
+            assert_eq!(weak.answer, (v + 1).to_string());
+            assert_eq!(weak.prompt, ex.prompt);
+            let (shown, _) = &task.reference_turns(&weak)[0];
+            assert!(!task.is_correct(&ex, shown), "{shown} for {}", ex.answer);
+        }
     }
 
     #[test]

@@ -90,6 +90,7 @@ fn behaviour_logprobs_equal_the_learners() {
             position_ids: int2(pos),
             attention_mask: Some(int2(mask)),
             segment_ids: None,
+            prefix_ids: None,
         };
         let logits = p.model.forward_positions(&input, pl - 1, rl);
         let labels: Vec<i64> = (0..n)

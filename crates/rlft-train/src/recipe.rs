@@ -344,6 +344,10 @@ pub struct SftSection {
     pub lr: f64,
     /// AdamW weight decay during the warm-up.
     pub weight_decay: f64,
+    /// Fraction of the demonstrations whose answer is one too high (`arithmetic` only): a weak
+    /// teacher, so the warm-up teaches the answer format and roughly where the answer lies, and
+    /// RL has to make the answers exact. 0 (the default) demonstrates correct answers only.
+    pub teacher_error: f64,
 }
 
 impl Default for SftSection {
@@ -353,6 +357,7 @@ impl Default for SftSection {
             batch_size: 32,
             lr: 1e-3,
             weight_decay: 0.0,
+            teacher_error: 0.0,
         }
     }
 }
@@ -615,6 +620,19 @@ impl Recipe {
                     format!("'{op}': use any of \"+\", \"-\", \"*\""),
                 );
             }
+        }
+        let e = self.sft.teacher_error;
+        if !(0.0..1.0).contains(&e) {
+            return bad("sft.teacher_error", format!("must be in [0, 1), got {e}"));
+        }
+        if e > 0.0 && self.task.name != "arithmetic" {
+            return bad(
+                "sft.teacher_error",
+                format!(
+                    "only the arithmetic task has numeric answers to get wrong, not '{}'; set it to 0",
+                    self.task.name
+                ),
+            );
         }
         if self.eval.size == 0 {
             return bad("eval.size", "must be at least 1".into());

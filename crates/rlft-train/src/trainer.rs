@@ -33,6 +33,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+/// A number in [0, 1) that depends only on `seed` and `index` (SplitMix64's finaliser).
+fn unit_hash(seed: u64, index: u64) -> f64 {
+    let mut z = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as f64 / 18_446_744_073_709_551_616.0
+}
+
 /// Skipped (NaN/Inf) steps in a row that stop the run.
 pub const MAX_BAD_STEPS_IN_ROW: usize = 3;
 
@@ -495,9 +503,11 @@ impl Trainer {
             let start = Instant::now();
             let mut rows = Vec::with_capacity(s.batch_size);
             for i in 0..s.batch_size {
-                let ex = self
-                    .task
-                    .example(Split::Train, 1_000_000 + (step * s.batch_size + i) as u64);
+                let index = 1_000_000 + (step * s.batch_size + i) as u64;
+                let mut ex = self.task.example(Split::Train, index);
+                if unit_hash(self.recipe.seed, index) < s.teacher_error {
+                    ex = self.task.off_by_one(ex);
+                }
                 let prompt = self.tokenizer.encode(&ex.prompt.render(&self.tokenizer)?)?;
                 let mut resp = Vec::new();
                 let mut mask = Vec::new();
@@ -950,6 +960,10 @@ impl Trainer {
             }
             let per = n.div_ceil(a.mini_batches);
             for mini in order.chunks(per) {
+                // Rows in their original order, so a group's rows meet in one micro-batch and
+                // share their prompt there (`LearnerBatch`); the mini-batch's sum is the same.
+                let mut mini = mini.to_vec();
+                mini.sort_unstable();
                 let tokens: f32 = mini.iter().map(|&i| rows[i].mask.iter().sum::<f32>()).sum();
                 let seqs = mini
                     .iter()
@@ -1162,4 +1176,24 @@ fn clip_grads<M: Module>(
         module.visit(&mut s);
     }
     (grads, norm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unit_hash;
+
+    #[test]
+    fn unit_hash_is_uniform_and_depends_on_the_seed() {
+        let below = |seed| {
+            (0..20_000u64)
+                .filter(|&i| unit_hash(seed, i) < 0.75)
+                .count()
+        };
+        for seed in [0, 7] {
+            let share = below(seed) as f64 / 20_000.0;
+            assert!((share - 0.75).abs() < 0.015, "seed {seed}: {share}");
+        }
+        assert_ne!(unit_hash(0, 5), unit_hash(1, 5));
+        assert!((0..1000).all(|i| (0.0..1.0).contains(&unit_hash(3, i))));
+    }
 }
