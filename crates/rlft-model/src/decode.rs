@@ -61,15 +61,19 @@ impl HostMatrix {
                 w.dims()
             )));
         }
-        let parts: Vec<(usize, Vec<f32>)> = weights
-            .iter()
-            .map(|w| Ok((w.dims()[1], host_vec(w.clone())?)))
-            .collect::<Result<_>>()?;
-        Ok(Self::panels(&parts, k))
+        // Read where they lie (flex): the packed copy is the only one made.
+        crate::hostmem::read_f32_all(weights, |values| {
+            let parts: Vec<(usize, &[f32])> = weights
+                .iter()
+                .zip(values)
+                .map(|(w, v)| (w.dims()[1], *v))
+                .collect();
+            Self::panels(&parts, k)
+        })
     }
 
     /// Packs row-major `[k, n_i]` matrices, side by side, into [`Layout::Panels`].
-    fn panels(parts: &[(usize, Vec<f32>)], k: usize) -> Self {
+    fn panels(parts: &[(usize, &[f32])], k: usize) -> Self {
         let n: usize = parts.iter().map(|(n, _)| n).sum();
         let mut data = vec![0f32; n.div_ceil(PANEL) * k * PANEL];
         let mut first = 0;
@@ -424,7 +428,7 @@ mod tests {
                 let w = values(k * n, 2);
                 for layout in [Layout::Panels, Layout::OutIn] {
                     let mat = match layout {
-                        Layout::Panels => HostMatrix::panels(&[(n, w.clone())], k),
+                        Layout::Panels => HostMatrix::panels(&[(n, &w[..])], k),
                         Layout::OutIn => HostMatrix {
                             data: w.clone(),
                             k,
@@ -474,7 +478,8 @@ mod tests {
             })
             .collect();
         let x = values(3 * k, 9);
-        let got = HostMatrix::panels(&parts, k).matmul(&x);
+        let borrowed: Vec<(usize, &[f32])> = parts.iter().map(|(w, d)| (*w, &d[..])).collect();
+        let got = HostMatrix::panels(&borrowed, k).matmul(&x);
         let want = naive(&x, 3, k, &fused, n, Layout::Panels);
         assert!(got.iter().zip(&want).all(|(g, e)| (g - e).abs() < 1e-5));
     }

@@ -13,6 +13,7 @@ mod error;
 mod export;
 pub mod gguf;
 pub mod host;
+pub mod hostmem;
 mod load;
 pub mod model;
 mod tokenizer;

@@ -5,17 +5,18 @@
 //! for SmolLM2's 135 M parameters on two cores, a seventh of a GRPO step. [`FusedAdamW`] computes
 //! the same update (decoupled weight decay, bias-corrected moments, ε outside the square root)
 //! in one pass over host memory, in parallel, when the parameter lives in host memory (flex,
-//! ndarray), and hands every other device (and other dtypes) to burn's [`AdamW`]. Its
+//! ndarray; on flex the parameter and both moments are updated where they lie when nothing else
+//! holds them, see [`rlft_model::hostmem`]), and hands every other device (and other dtypes) to burn's [`AdamW`]. Its
 //! per-parameter state is burn's [`AdamWState`], so optimizer records and checkpoints are the
 //! same as with burn's optimizer.
 
-use crate::host;
 use burn::config::Config;
 use burn::optim::{
     AdamW, AdamWConfig, AdamWState, AdaptiveMomentumState, LearningRate, ModuleOptimizer, Optimizer,
 };
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor};
 use rayon::prelude::*;
+use rlft_model::hostmem::HostF32;
 
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 16;
@@ -76,16 +77,21 @@ impl Optimizer for FusedAdamW {
             return self.fallback.step(lr, tensor, grad, state);
         }
         let (shape, device): (_, Device) = (tensor.shape(), tensor.device());
-        let n = shape.num_elements();
-        let mut p = host(tensor);
-        let g = host(grad);
+        // f32 tensors convert to f32 host elements: these cannot fail.
+        let take = |t: Tensor<D>| HostF32::new(t).expect("an f32 tensor's host elements");
+        let mut p = take(tensor);
+        let g = take(grad);
         let (time, mut m, mut v) = match state {
             Some(s) => (
                 s.momentum.time + 1,
-                host(s.momentum.moment_1),
-                host(s.momentum.moment_2),
+                take(s.momentum.moment_1),
+                take(s.momentum.moment_2),
             ),
-            None => (1, vec![0.0; n], vec![0.0; n]),
+            None => (
+                1,
+                HostF32::zeros(shape.clone(), &device),
+                HostF32::zeros(shape, &device),
+            ),
         };
         let c = &self.config;
         let (b1, b2, eps) = (c.beta_1, c.beta_2, c.epsilon);
@@ -93,10 +99,11 @@ impl Optimizer for FusedAdamW {
         let c2 = 1.0 - b2.powi(time as i32);
         let decay = (1.0 - lr * c.weight_decay as f64) as f32;
         let lr = lr as f32;
-        p.par_chunks_mut(CHUNK)
-            .zip(m.par_chunks_mut(CHUNK))
-            .zip(v.par_chunks_mut(CHUNK))
-            .zip(g.par_chunks(CHUNK))
+        p.as_mut_slice()
+            .par_chunks_mut(CHUNK)
+            .zip(m.as_mut_slice().par_chunks_mut(CHUNK))
+            .zip(v.as_mut_slice().par_chunks_mut(CHUNK))
+            .zip(g.as_slice().par_chunks(CHUNK))
             .for_each(|(((p, m), v), g)| {
                 for i in 0..p.len() {
                     m[i] = m[i] * b1 + g[i] * (1.0 - b1);
@@ -105,16 +112,15 @@ impl Optimizer for FusedAdamW {
                     p[i] = p[i] * decay - step * lr;
                 }
             });
-        let back = |x: Vec<f32>| Tensor::<D>::from_data(TensorData::new(x, shape.clone()), &device);
         let state = AdamWState {
             momentum: AdaptiveMomentumState {
                 time,
-                moment_1: back(m),
-                moment_2: back(v),
+                moment_1: m.into_tensor(),
+                moment_2: v.into_tensor(),
                 max_moment_2: None,
             },
         };
-        (back(p), Some(state))
+        (p.into_tensor(), Some(state))
     }
 
     fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
@@ -125,6 +131,7 @@ impl Optimizer for FusedAdamW {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host;
     use burn::module::{Module, Param};
     use burn::optim::GradientsParams;
 
@@ -172,7 +179,13 @@ mod tests {
                 (m.a.val().powf_scalar(2.0).sum() * (step as f32 + 1.0)) + m.b.val().sin().sum()
             };
             let g = GradientsParams::from_grads(loss(&fused).backward(), &fused);
+            // Steps 0 and 2 update the parameters in place; at step 1 they are also held
+            // elsewhere, so the update goes to new storage and the other holder sees no change.
+            let kept = (step == 1).then(|| (fused.clone(), values(&fused)));
             fused = fo.step(1e-2, fused, g);
+            if let Some((kept, before)) = kept {
+                assert_eq!(values(&kept), before);
+            }
             let g = GradientsParams::from_grads(loss(&plain).backward(), &plain);
             plain = po.step(1e-2, plain, g);
         }

@@ -622,8 +622,8 @@ impl Recipe {
             }
         }
         let e = self.sft.teacher_error;
-        if !(0.0..1.0).contains(&e) {
-            return bad("sft.teacher_error", format!("must be in [0, 1), got {e}"));
+        if !(0.0..=1.0).contains(&e) {
+            return bad("sft.teacher_error", format!("must be in [0, 1], got {e}"));
         }
         if e > 0.0 && self.task.name != "arithmetic" {
             return bad(

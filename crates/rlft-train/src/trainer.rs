@@ -12,9 +12,10 @@ use crate::metrics::{MetricsLog, StepMetrics};
 use crate::optim::FusedAdamWConfig;
 use crate::recipe::Recipe;
 use crate::{Result, TrainError, host, io_err};
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::{DType, Device, Tensor, TensorData};
+use rayon::prelude::*;
 use rlft_algo::advantage::{AdvantageEstimator, AdvantageInput};
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
 use rlft_algo::kl::{KlEstimator, kl_penalty};
@@ -22,6 +23,8 @@ use rlft_algo::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
 use rlft_algo::ratio::RatioLevel;
 use rlft_algo::shaping::OverlongPenalty;
 use rlft_algo::{entropy_from_logits, logprobs_from_logits};
+use rlft_model::decode::host_resident;
+use rlft_model::hostmem::{HostF32, read_f32};
 use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
 use rlft_rollout::{
     DataCursor, DataLoader, Dataset, Environment, Example, Group, LearnerBatch, RewardSet,
@@ -189,8 +192,9 @@ pub struct Trainer {
     recipe: Recipe,
     device: Device,
     plain: Device,
-    /// The policy (on the autodiff device).
-    pub policy: Transformer,
+    /// The policy (on the autodiff device); `None` only while an optimizer step holds it, so
+    /// that its parameters are updated in place ([`Trainer::policy`]).
+    policy: Option<Transformer>,
     critic: Option<ValueModel>,
     reference: Option<Transformer>,
     /// The tokenizer.
@@ -221,6 +225,21 @@ fn adamw(o: &crate::recipe::OptimizerSection) -> ModuleOptimizer {
 }
 
 impl Trainer {
+    /// The policy (on the autodiff device).
+    pub fn policy(&self) -> &Transformer {
+        self.policy
+            .as_ref()
+            .expect("the policy is only moved out during an optimizer step")
+    }
+
+    /// Moves the policy out for an optimizer step, which puts the result back: while nothing else
+    /// holds its parameters, [`crate::optim::FusedAdamW`] updates them where they lie.
+    fn take_policy(&mut self) -> Transformer {
+        self.policy
+            .take()
+            .expect("the policy is only moved out during an optimizer step")
+    }
+
     /// Builds everything a recipe describes (model, reference, critic, task, data), and loads
     /// the checkpoint at `resume` if given. The recipe was validated when loaded.
     pub fn new(recipe: Recipe, resume: Option<&Path>) -> Result<Self> {
@@ -324,7 +343,7 @@ impl Trainer {
             recipe,
             device,
             plain,
-            policy,
+            policy: Some(policy),
             critic,
             reference,
             tokenizer,
@@ -357,8 +376,8 @@ impl Trainer {
             path: dir.into(),
             msg,
         };
-        self.policy = self
-            .policy
+        let policy = self
+            .policy()
             .clone()
             .try_load_file(dir.join(checkpoint::POLICY_FILE))
             .map_err(|e| {
@@ -366,6 +385,7 @@ impl Trainer {
                     "policy weights do not fit this recipe's model: {e:?}"
                 ))
             })?;
+        self.policy = Some(policy);
         self.optim = adamw(&self.recipe.optimizer)
             .load(dir.join(checkpoint::OPTIM_FILE))
             .map_err(|e| err(format!("optimizer state: {e:?}")))?;
@@ -387,7 +407,7 @@ impl Trainer {
 
     fn save_checkpoint(&mut self) -> Result<PathBuf> {
         self.state.cursor = self.loader.cursor();
-        let policy = self.policy.clone();
+        let policy = self.policy().clone();
         let optim = &self.optim;
         let critic = self.critic.clone();
         let critic_optim = &self.critic_optim;
@@ -456,7 +476,7 @@ impl Trainer {
 
     /// Held-out greedy pass@1 and mean accuracy over `k` samples.
     fn evaluate(&self, step: usize) -> Result<(f64, f64)> {
-        let model = self.policy.valid();
+        let model = self.policy().valid();
         let run = |group: usize, sampling: SamplingConfig| -> Result<f64> {
             let mut correct = 0.0;
             let mut n = 0.0;
@@ -533,18 +553,18 @@ impl Trainer {
             let refs: Vec<&Row> = rows.iter().collect();
             let ids = self.pack(&refs);
             let mask = self.per_token(&ids, &refs, |r| &r.mask);
-            let lp = ids.logprobs(&self.policy, None)?;
+            let lp = ids.logprobs(self.policy(), None)?;
             let tokens: f32 = rows.iter().map(|r| r.mask.iter().sum::<f32>()).sum();
             let loss = (lp * mask).sum().neg() * (1.0 / tokens.max(1.0));
             let loss_v: f32 = loss.clone().into_scalar();
-            let grads = GradientsParams::from_grads(loss.backward(), &self.policy);
-            let (grads, norm) = clip_grads(grads, &self.policy, 1.0);
+            let grads = GradientsParams::from_grads(loss.backward(), self.policy());
+            let (grads, norm) = clip_grads(grads, self.policy(), 1.0);
             // Linear warm-up over the first tenth of the steps: from-scratch models diverge at
             // full learning rate on their first updates.
             let warmup = (s.steps / 10).max(1);
             let lr = s.lr * ((step + 1) as f64 / warmup as f64).min(1.0);
             if norm.is_finite() && loss_v.is_finite() {
-                self.policy = optim.step(lr, self.policy.clone(), grads);
+                self.policy = Some(optim.step(lr, self.take_policy(), grads));
             }
             let mut m = StepMetrics::new();
             m.insert("step".into(), json!(step + 1));
@@ -633,7 +653,7 @@ impl Trainer {
         bar.finish_and_clear();
         let exported = if self.recipe.checkpoint.export_final && !interrupted {
             let dir = out.join("final");
-            self.policy
+            self.policy()
                 .save_hf(&self.config, Some(&self.tokenizer), &dir)?;
             Some(dir)
         } else {
@@ -669,7 +689,7 @@ impl Trainer {
     fn collect(&mut self, step: usize) -> Result<Collected> {
         let r = self.recipe.rollout.clone();
         let a = self.recipe.algorithm.clone();
-        let model = self.policy.valid();
+        let model = self.policy().valid();
         let cfg = self.rollout_config(r.group_size, self.sampling());
         let mut c = Collected::default();
         let rounds = if a.dynamic_sampling {
@@ -842,7 +862,7 @@ impl Trainer {
         let temperature = self.recipe.rollout.temperature;
         let mb = a.micro_batch_size;
         let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
-        let policy = self.policy.valid();
+        let policy = self.policy().valid();
         let critic = self.critic.as_ref().map(|c| c.valid());
         for chunk in (0..rows.len()).collect::<Vec<_>>().chunks(mb) {
             let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
@@ -945,7 +965,9 @@ impl Trainer {
         // A NaN found after earlier optimiser steps of this batch must not leave them applied:
         // with several steps per batch, keep the starting weights and optimiser state.
         let several = a.ppo_epochs * a.mini_batches > 1;
-        let before = self.policy.clone();
+        // (With one step per batch a NaN stops it before the step: nothing to restore, and the
+        // optimizer updates parameters that nothing else holds in place.)
+        let before = several.then(|| self.policy().clone());
         let before_optim = several.then(|| self.optim.to_record());
         for epoch in 0..a.ppo_epochs {
             // A fixed, step-dependent permutation of the rows.
@@ -983,7 +1005,7 @@ impl Trainer {
                     let mask = self.per_token(&ids, &refs, |r| &r.mask);
                     let old = self.per_token(&ids, &refs, |r| &r.old_lp);
                     let adv = self.per_token(&ids, &refs, |r| &r.adv);
-                    let logits = ids.response_logits(&self.policy);
+                    let logits = ids.response_logits(self.policy());
                     let lp = ids.rows(logprobs_from_logits(
                         logits.clone(),
                         ids.targets(),
@@ -1012,8 +1034,8 @@ impl Trainer {
                     sums[2] += mv.kl.unwrap_or(0.0);
                     sums[3] += mv.entropy.unwrap_or(0.0);
                     count += 1.0;
-                    let grads = GradientsParams::from_grads(out.loss.backward(), &self.policy);
-                    accum.accumulate(&self.policy, grads);
+                    let grads = GradientsParams::from_grads(out.loss.backward(), self.policy());
+                    accum.accumulate(self.policy(), grads);
                     if let Some(critic) = &self.critic {
                         let old_v =
                             self.per_token(&ids, &refs, |r| r.old_values.as_deref().unwrap_or(&[]));
@@ -1037,14 +1059,18 @@ impl Trainer {
                         critic_accum.accumulate(critic, g);
                     }
                 }
-                let (grads, norm) =
-                    clip_grads(accum.grads(), &self.policy, self.recipe.optimizer.grad_clip);
+                let (grads, norm) = clip_grads(
+                    accum.grads(),
+                    self.policy(),
+                    self.recipe.optimizer.grad_clip,
+                );
                 norms.push(norm);
                 if !norm.is_finite() || sums.iter().any(|v| !v.is_finite()) {
                     bad = true;
                     break;
                 }
-                self.policy = self.optim.step(lr, self.policy.clone(), grads);
+                let policy = self.take_policy();
+                self.policy = Some(self.optim.step(lr, policy, grads));
                 if let (Some(critic), Some(o)) = (self.critic.take(), self.critic_optim.as_mut()) {
                     let (g, _) = clip_grads(
                         critic_accum.grads(),
@@ -1060,7 +1086,9 @@ impl Trainer {
         }
         if bad {
             // Weights and optimiser state untouched.
-            self.policy = before;
+            if let Some(before) = before {
+                self.policy = Some(before);
+            }
             if let Some(record) = before_optim {
                 self.optim = adamw(&self.recipe.optimizer).load_record(record);
             }
@@ -1128,6 +1156,8 @@ fn is_correct(t: &Trajectory) -> f64 {
 }
 
 /// Global L2 norm of `grads` over `module`'s parameters; scales them to `max_norm` if larger.
+/// Gradients in host memory are summed and scaled by parallel passes over their elements where
+/// they lie ([`rlft_model::hostmem`]); others by tensor operations on their device.
 fn clip_grads<M: Module>(
     mut grads: GradientsParams,
     module: &M,
@@ -1135,52 +1165,139 @@ fn clip_grads<M: Module>(
 ) -> (GradientsParams, f64) {
     struct Norm<'a> {
         grads: &'a GradientsParams,
-        parts: Vec<Tensor<1>>,
+        host: f64,
+        device: Vec<Tensor<1>>,
     }
     impl ModuleVisitor for Norm<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            if let Some(g) = self.grads.get::<D>(p.id) {
-                self.parts.push(g.square().sum());
+            let Some(g) = self.grads.get::<D>(p.id) else {
+                return;
+            };
+            let on_host = g.dtype() == DType::F32 && host_resident(&g.device());
+            match on_host.then(|| read_f32(&g, sum_of_squares)) {
+                Some(Ok(s)) => self.host += s,
+                _ => self.device.push(g.square().sum()),
             }
         }
     }
     struct Scale<'a> {
         grads: &'a mut GradientsParams,
         s: f64,
-        ids: Vec<ParamId>,
     }
     impl ModuleVisitor for Scale<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            if let Some(g) = self.grads.remove::<D>(p.id) {
-                self.grads.register::<D>(p.id, g * self.s);
-                self.ids.push(p.id);
-            }
+            let Some(g) = self.grads.remove::<D>(p.id) else {
+                return;
+            };
+            let g = if g.dtype() == DType::F32 && host_resident(&g.device()) {
+                // An f32 tensor's host elements: this cannot fail.
+                let mut h = HostF32::new(g).expect("an f32 tensor's host elements");
+                let s = self.s as f32;
+                h.as_mut_slice()
+                    .par_chunks_mut(1 << 16)
+                    .for_each(|c| c.iter_mut().for_each(|v| *v *= s));
+                h.into_tensor()
+            } else {
+                g * self.s
+            };
+            self.grads.register::<D>(p.id, g);
         }
     }
     let mut v = Norm {
         grads: &grads,
-        parts: Vec::new(),
+        host: 0.0,
+        device: Vec::new(),
     };
     module.visit(&mut v);
-    if v.parts.is_empty() {
-        return (grads, 0.0);
+    let mut total = v.host;
+    if !v.device.is_empty() {
+        total += host(Tensor::cat(v.device, 0).sum())[0] as f64;
     }
-    let total: f64 = host(Tensor::cat(v.parts, 0).sum())[0] as f64;
     let norm = total.sqrt();
     if norm.is_finite() && max_norm > 0.0 && norm > max_norm {
         let mut s = Scale {
             grads: &mut grads,
             s: max_norm / (norm + 1e-6),
-            ids: Vec::new(),
         };
         module.visit(&mut s);
     }
     (grads, norm)
 }
 
+/// Σ x² of `x`, in parallel, 16 lanes per task; NaN or ∞ if any element is. The tasks' sums
+/// are added in order, so the result does not depend on the number of threads.
+fn sum_of_squares(x: &[f32]) -> f64 {
+    let parts: Vec<f64> = x
+        .par_chunks(1 << 16)
+        .map(|c| {
+            let mut lanes = [0f32; 16];
+            let mut it = c.chunks_exact(16);
+            for block in &mut it {
+                for (l, v) in lanes.iter_mut().zip(block) {
+                    *l += v * v;
+                }
+            }
+            let tail: f32 = it.remainder().iter().map(|v| v * v).sum();
+            lanes.iter().map(|&l| l as f64).sum::<f64>() + tail as f64
+        })
+        .collect();
+    parts.iter().sum()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::unit_hash;
+    use super::*;
+
+    #[derive(Module, Debug)]
+    struct Two {
+        a: Param<Tensor<2>>,
+        b: Param<Tensor<1>>,
+    }
+
+    /// The norm is the global L2 norm over every parameter's gradient (odd lengths included);
+    /// above `max_norm` all gradients are scaled by the same factor, below it none is.
+    #[test]
+    fn gradients_are_clipped_by_their_global_norm() {
+        let device = Device::flex().autodiff();
+        let model = Two {
+            a: Param::from_tensor(
+                Tensor::<1, burn::tensor::Int>::arange(0..(3 * 37) as i64, &device)
+                    .float()
+                    .reshape([3, 37])
+                    .mul_scalar(0.01),
+            ),
+            b: Param::from_tensor(Tensor::from_floats([0.5, -1.0, 2.0], &device)),
+        };
+        // d/da Σ a² = 2a, d/db Σ b³ = 3b².
+        let grads = || {
+            let loss = model.a.val().powf_scalar(2.0).sum() + model.b.val().powf_scalar(3.0).sum();
+            GradientsParams::from_grads(loss.backward(), &model)
+        };
+        let mut want: Vec<f32> = (0..111).map(|i| 2.0 * 0.01 * i as f32).collect();
+        want.extend([0.75, 3.0, 12.0]);
+        let norm = want.iter().map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt();
+        let (g, got) = clip_grads(grads(), &model, 1e3);
+        assert!((got - norm).abs() < 1e-4 * norm, "{got} vs {norm}");
+        assert_eq!(
+            host(g.get::<1>(model.b.id).expect("b")),
+            vec![0.75, 3.0, 12.0]
+        );
+        let (g, _) = clip_grads(grads(), &model, 2.0);
+        let s = 2.0 / norm;
+        let mut clipped = host(g.get::<2>(model.a.id).expect("a"));
+        clipped.extend(host(g.get::<1>(model.b.id).expect("b")));
+        for (c, w) in clipped.iter().zip(&want) {
+            assert!(
+                (*c as f64 - *w as f64 * s).abs() < 1e-5,
+                "{c} vs {}",
+                w * s as f32
+            );
+        }
+        let x: Vec<f32> = (0..100_003).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect();
+        let naive: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum();
+        assert!((sum_of_squares(&x) - naive).abs() < 1e-6 * naive);
+        assert!(sum_of_squares(&[1.0, f32::NAN]).is_nan());
+    }
 
     #[test]
     fn unit_hash_is_uniform_and_depends_on_the_seed() {

@@ -188,7 +188,7 @@ fn bad_recipes_fail_before_loading_a_model() {
     assert!(err(&["schedule.kind=\"linear\""]).contains("constant, linear_warmup or cosine"));
     assert!(err(&["algorithm.advantage=\"gae\""]).contains("model.critic"));
     assert!(err(&["nonsense"]).contains("KEY=VALUE"));
-    assert!(err(&["sft.teacher_error=1.5"]).contains("sft.teacher_error: must be in [0, 1)"));
+    assert!(err(&["sft.teacher_error=1.5"]).contains("sft.teacher_error: must be in [0, 1]"));
     assert!(err(&["task.name=\"countdown\""]).contains("only the arithmetic task"));
     // A missing model file is reported by the trainer, not a panic.
     let out = tmp("bad-model");
