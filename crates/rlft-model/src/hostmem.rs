@@ -9,11 +9,21 @@
 //! with the same results.
 
 use crate::Result;
-use crate::decode::host_vec;
+use crate::decode::{host_resident, host_vec};
 use burn::tensor::{DType, Device, Shape, Tensor, TensorData};
 
 #[cfg(feature = "flex")]
 use burn::backend::{Flex, flex::FlexTensor};
+
+/// Elements per parallel task in a pass over host elements (large enough that a task's work
+/// outweighs its scheduling).
+pub const CHUNK: usize = 1 << 16;
+
+/// Whether `t` is an f32 tensor in host memory (flex, ndarray), whose elements [`read_f32`] and
+/// [`HostF32`] reach without the device.
+pub fn is_host_f32<const D: usize>(t: &Tensor<D>) -> bool {
+    t.dtype() == DType::F32 && host_resident(&t.device())
+}
 
 /// The flex primitive of `t` (sharing its storage), if `t` is a plain (not autodiff) f32 tensor
 /// on flex.
@@ -41,12 +51,12 @@ pub fn read_f32_all<const D: usize, R>(
     ts: &[Tensor<D>],
     f: impl FnOnce(&[&[f32]]) -> R,
 ) -> Result<R> {
-    let held = ts.iter().map(Held::new).collect::<Result<Vec<_>>>()?;
+    let held = ts.iter().map(Held::read).collect::<Result<Vec<_>>>()?;
     let slices: Vec<&[f32]> = held.iter().map(Held::as_slice).collect();
     Ok(f(&slices))
 }
 
-/// A tensor's elements kept readable: the flex primitive itself, or a host copy.
+/// A tensor's elements on the host: a flex primitive (its own storage, `range` of it), or a copy.
 enum Held {
     #[cfg(feature = "flex")]
     Flex(FlexTensor, std::ops::Range<usize>),
@@ -54,7 +64,8 @@ enum Held {
 }
 
 impl Held {
-    fn new<const D: usize>(t: &Tensor<D>) -> Result<Self> {
+    /// For reading: a contiguous flex tensor's storage whether or not it is shared.
+    fn read<const D: usize>(t: &Tensor<D>) -> Result<Self> {
         #[cfg(feature = "flex")]
         if let Some(p) = flex_primitive(&t.clone().inner())
             && let Some((a, b)) = p.layout().contiguous_offsets()
@@ -77,23 +88,16 @@ impl Held {
 /// [`HostF32::into_tensor`]. Taken from a uniquely owned, contiguous f32 flex tensor, the
 /// elements are the tensor's own storage (no copy either way); otherwise they are a copy.
 pub struct HostF32<const D: usize> {
-    inner: Inner,
-}
-
-enum Inner {
-    #[cfg(feature = "flex")]
-    Flex(FlexTensor, std::ops::Range<usize>),
-    Copy {
-        data: Vec<f32>,
-        shape: Shape,
-        device: Device,
-    },
+    held: Held,
+    shape: Shape,
+    device: Device,
 }
 
 impl<const D: usize> HostF32<D> {
     /// Takes `t`'s elements (without autodiff).
     pub fn new(t: Tensor<D>) -> Result<Self> {
         let t = t.inner();
+        let (shape, device) = (t.shape(), t.device());
         #[cfg(feature = "flex")]
         let t = match flex_primitive(&t) {
             Some(mut p) => {
@@ -102,71 +106,60 @@ impl<const D: usize> HostF32<D> {
                     && p.try_storage_mut::<f32>().is_some()
                 {
                     return Ok(Self {
-                        inner: Inner::Flex(p, a..b),
+                        held: Held::Flex(p, a..b),
+                        shape,
+                        device,
                     });
                 }
                 Tensor::<D>::from_primitive::<Flex>(p)
             }
             None => t,
         };
-        let (shape, device) = (t.shape(), t.device());
         Ok(Self {
-            inner: Inner::Copy {
-                data: host_vec(t)?,
-                shape,
-                device,
-            },
+            held: Held::Copy(host_vec(t)?),
+            shape,
+            device,
         })
     }
 
     /// `shape` zeros, to become a tensor on `device`.
     pub fn zeros(shape: Shape, device: &Device) -> Self {
         Self {
-            inner: Inner::Copy {
-                data: vec![0.0; shape.num_elements()],
-                shape,
-                device: device.clone(),
-            },
+            held: Held::Copy(vec![0.0; shape.num_elements()]),
+            shape,
+            device: device.clone(),
         }
     }
 
     /// Whether the elements are the tensor's own storage (no copy was made).
     pub fn in_place(&self) -> bool {
-        !matches!(self.inner, Inner::Copy { .. })
+        !matches!(self.held, Held::Copy(_))
     }
 
     /// The elements (row-major).
     pub fn as_slice(&self) -> &[f32] {
-        match &self.inner {
-            #[cfg(feature = "flex")]
-            Inner::Flex(p, range) => &p.storage::<f32>()[range.clone()],
-            Inner::Copy { data, .. } => data,
-        }
+        self.held.as_slice()
     }
 
     /// The elements (row-major), writable.
     pub fn as_mut_slice(&mut self) -> &mut [f32] {
-        match &mut self.inner {
+        match &mut self.held {
             #[cfg(feature = "flex")]
-            Inner::Flex(p, range) => {
+            Held::Flex(p, range) => {
                 let range = range.clone();
                 // Unique since `new`: nothing else can have cloned it since.
                 &mut p.storage_mut::<f32>()[range]
             }
-            Inner::Copy { data, .. } => data,
+            Held::Copy(data) => data,
         }
     }
 
     /// The elements as a tensor again.
     pub fn into_tensor(self) -> Tensor<D> {
-        match self.inner {
+        match self.held {
             #[cfg(feature = "flex")]
-            Inner::Flex(p, _) => Tensor::from_primitive::<Flex>(p),
-            Inner::Copy {
-                data,
-                shape,
-                device,
-            } => Tensor::from_data(TensorData::new(data, shape), &device),
+            Held::Flex(p, _) => Tensor::from_primitive::<Flex>(p),
+            Held::Copy(data) => Tensor::from_data(TensorData::new(data, self.shape), &self.device),
         }
     }
 }

@@ -14,12 +14,9 @@ use burn::config::Config;
 use burn::optim::{
     AdamW, AdamWConfig, AdamWState, AdaptiveMomentumState, LearningRate, ModuleOptimizer, Optimizer,
 };
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{Device, Tensor};
 use rayon::prelude::*;
-use rlft_model::hostmem::HostF32;
-
-/// Elements per parallel task.
-const CHUNK: usize = 1 << 16;
+use rlft_model::hostmem::{CHUNK, HostF32, is_host_f32};
 
 /// [`FusedAdamW`] configuration (the defaults are PyTorch's).
 #[derive(Config, Debug)]
@@ -70,9 +67,7 @@ impl Optimizer for FusedAdamW {
         grad: Tensor<D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
-        let fuses = tensor.dtype() == DType::F32
-            && grad.dtype() == DType::F32
-            && rlft_model::decode::host_resident(&tensor.device());
+        let fuses = is_host_f32(&tensor) && is_host_f32(&grad);
         if !fuses {
             return self.fallback.step(lr, tensor, grad, state);
         }

@@ -23,8 +23,7 @@ use rlft_algo::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
 use rlft_algo::ratio::RatioLevel;
 use rlft_algo::shaping::OverlongPenalty;
 use rlft_algo::{entropy_from_logits, logprobs_from_logits};
-use rlft_model::decode::host_resident;
-use rlft_model::hostmem::{HostF32, read_f32};
+use rlft_model::hostmem::{CHUNK, HostF32, is_host_f32, read_f32};
 use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
 use rlft_rollout::{
     DataCursor, DataLoader, Dataset, Environment, Example, Group, LearnerBatch, RewardSet,
@@ -1173,8 +1172,7 @@ fn clip_grads<M: Module>(
             let Some(g) = self.grads.get::<D>(p.id) else {
                 return;
             };
-            let on_host = g.dtype() == DType::F32 && host_resident(&g.device());
-            match on_host.then(|| read_f32(&g, sum_of_squares)) {
+            match is_host_f32(&g).then(|| read_f32(&g, sum_of_squares)) {
                 Some(Ok(s)) => self.host += s,
                 _ => self.device.push(g.square().sum()),
             }
@@ -1189,12 +1187,12 @@ fn clip_grads<M: Module>(
             let Some(g) = self.grads.remove::<D>(p.id) else {
                 return;
             };
-            let g = if g.dtype() == DType::F32 && host_resident(&g.device()) {
+            let g = if is_host_f32(&g) {
                 // An f32 tensor's host elements: this cannot fail.
                 let mut h = HostF32::new(g).expect("an f32 tensor's host elements");
                 let s = self.s as f32;
                 h.as_mut_slice()
-                    .par_chunks_mut(1 << 16)
+                    .par_chunks_mut(CHUNK)
                     .for_each(|c| c.iter_mut().for_each(|v| *v *= s));
                 h.into_tensor()
             } else {
@@ -1228,7 +1226,7 @@ fn clip_grads<M: Module>(
 /// are added in order, so the result does not depend on the number of threads.
 fn sum_of_squares(x: &[f32]) -> f64 {
     let parts: Vec<f64> = x
-        .par_chunks(1 << 16)
+        .par_chunks(CHUNK)
         .map(|c| {
             let mut lanes = [0f32; 16];
             let mut it = c.chunks_exact(16);
