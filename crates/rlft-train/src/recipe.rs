@@ -321,6 +321,26 @@ pub struct ScheduleSection {
     pub min_lr_ratio: f64,
 }
 
+impl ScheduleSection {
+    /// The learning rate at `step` (0-based) for a peak of `peak`: linear warm-up over
+    /// `warmup_steps`, then constant, or a cosine from the peak down to `peak * min_lr_ratio`
+    /// at `steps`.
+    pub fn lr(&self, peak: f64, step: usize) -> f64 {
+        if step < self.warmup_steps {
+            return peak * (step + 1) as f64 / self.warmup_steps as f64;
+        }
+        match self.kind.as_str() {
+            "cosine" => {
+                let span = self.steps.saturating_sub(self.warmup_steps).max(1) as f64;
+                let t = ((step - self.warmup_steps) as f64 / span).min(1.0);
+                let floor = peak * self.min_lr_ratio;
+                floor + (peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+            }
+            _ => peak,
+        }
+    }
+}
+
 impl Default for ScheduleSection {
     fn default() -> Self {
         Self {
@@ -348,6 +368,24 @@ pub struct SftSection {
     /// teacher, so the warm-up teaches the answer format and roughly where the answer lies, and
     /// RL has to make the answers exact. 0 (the default) demonstrates correct answers only.
     pub teacher_error: f64,
+    /// Learning-rate schedule after the warm-up's first tenth (a linear ramp): `constant` or
+    /// `cosine` (down to `lr * min_lr_ratio` at the last step). A decaying rate ends the warm-up
+    /// on a settled model rather than on one noisy step of a constant rate.
+    pub schedule: String,
+    /// Cosine floor as a fraction of `lr`.
+    pub min_lr_ratio: f64,
+}
+
+impl SftSection {
+    /// The warm-up's learning-rate schedule.
+    pub fn lr_schedule(&self) -> ScheduleSection {
+        ScheduleSection {
+            steps: self.steps,
+            kind: self.schedule.clone(),
+            warmup_steps: (self.steps / 10).max(1),
+            min_lr_ratio: self.min_lr_ratio,
+        }
+    }
 }
 
 impl Default for SftSection {
@@ -358,6 +396,8 @@ impl Default for SftSection {
             lr: 1e-3,
             weight_decay: 0.0,
             teacher_error: 0.0,
+            schedule: "constant".into(),
+            min_lr_ratio: 0.0,
         }
     }
 }
@@ -584,8 +624,19 @@ impl Recipe {
                 ),
             );
         }
-        if !(0.0..=1.0).contains(&self.schedule.min_lr_ratio) {
-            return bad("schedule.min_lr_ratio", "must be in [0, 1]".into());
+        if !["constant", "cosine"].contains(&self.sft.schedule.as_str()) {
+            return bad(
+                "sft.schedule",
+                format!("'{}': use constant or cosine", self.sft.schedule),
+            );
+        }
+        for (k, v) in [
+            ("schedule.min_lr_ratio", self.schedule.min_lr_ratio),
+            ("sft.min_lr_ratio", self.sft.min_lr_ratio),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(k, format!("must be in [0, 1], got {v}"));
+            }
         }
         if self.model.lora.rank > 0 {
             rlft_model::LoraConfig::new(self.model.lora.rank, self.model.lora.alpha)

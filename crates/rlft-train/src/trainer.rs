@@ -437,21 +437,7 @@ impl Trainer {
     }
 
     fn lr(&self, step: usize) -> f64 {
-        let s = &self.recipe.schedule;
-        let peak = self.recipe.optimizer.lr;
-        if step < s.warmup_steps {
-            return peak * (step + 1) as f64 / s.warmup_steps as f64;
-        }
-        match s.kind.as_str() {
-            "cosine" => {
-                let span = s.steps.saturating_sub(s.warmup_steps).max(1) as f64;
-                let t = ((step - s.warmup_steps) as f64 / span).min(1.0);
-                let floor = peak * s.min_lr_ratio;
-                floor + (peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
-            }
-            "linear_warmup" => peak,
-            _ => peak,
-        }
+        self.recipe.schedule.lr(self.recipe.optimizer.lr, step)
     }
 
     fn sampling(&self) -> SamplingConfig {
@@ -518,6 +504,7 @@ impl Trainer {
             ..self.recipe.optimizer.clone()
         });
         let eos = self.tokenizer.eos_ids.first().copied().unwrap_or(0);
+        let schedule = s.lr_schedule();
         for step in 0..s.steps {
             let start = Instant::now();
             let mut rows = Vec::with_capacity(s.batch_size);
@@ -558,10 +545,9 @@ impl Trainer {
             let loss_v: f32 = loss.clone().into_scalar();
             let grads = GradientsParams::from_grads(loss.backward(), self.policy());
             let (grads, norm) = clip_grads(grads, self.policy(), 1.0);
-            // Linear warm-up over the first tenth of the steps: from-scratch models diverge at
-            // full learning rate on their first updates.
-            let warmup = (s.steps / 10).max(1);
-            let lr = s.lr * ((step + 1) as f64 / warmup as f64).min(1.0);
+            // Linear warm-up over the first tenth of the steps (from-scratch models diverge at
+            // full learning rate on their first updates), then the recipe's schedule.
+            let lr = schedule.lr(s.lr, step);
             if norm.is_finite() && loss_v.is_finite() {
                 self.policy = Some(optim.step(lr, self.take_policy(), grads));
             }

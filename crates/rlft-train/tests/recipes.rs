@@ -189,6 +189,11 @@ fn bad_recipes_fail_before_loading_a_model() {
     assert!(err(&["algorithm.advantage=\"gae\""]).contains("model.critic"));
     assert!(err(&["nonsense"]).contains("KEY=VALUE"));
     assert!(err(&["sft.teacher_error=1.5"]).contains("sft.teacher_error: must be in [0, 1]"));
+    assert!(
+        err(&["sft.schedule=\"linear\""])
+            .contains("sft.schedule: 'linear': use constant or cosine")
+    );
+    assert!(err(&["sft.min_lr_ratio=2.0"]).contains("sft.min_lr_ratio: must be in [0, 1], got 2"));
     assert!(err(&["task.name=\"countdown\""]).contains("only the arithmetic task"));
     // A missing model file is reported by the trainer, not a panic.
     let out = tmp("bad-model");
