@@ -760,3 +760,39 @@ fn lowercase_keys_checked(
     }
     Ok(serde_json::Value::Object(out))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_ramp_up_then_hold_or_decay_to_their_floor() {
+        let s = ScheduleSection {
+            steps: 10,
+            kind: "cosine".into(),
+            warmup_steps: 2,
+            min_lr_ratio: 0.1,
+        };
+        let lr: Vec<f64> = (0..12).map(|t| s.lr(1.0, t)).collect();
+        assert_eq!(&lr[..3], &[0.5, 1.0, 1.0]);
+        assert!((lr[6] - 0.55).abs() < 1e-12, "half way: {}", lr[6]);
+        assert!(lr[2..].windows(2).all(|w| w[1] <= w[0]));
+        assert!(lr[10..].iter().all(|&v| (v - 0.1).abs() < 1e-12));
+        let constant = ScheduleSection {
+            kind: "constant".into(),
+            ..s
+        };
+        assert_eq!(constant.lr(2.0, 0), 1.0);
+        assert!((1..12).all(|t| constant.lr(2.0, t) == 2.0));
+        // The warm-up ramps over its first tenth (at least one step), then follows `schedule`.
+        let sft = SftSection {
+            steps: 20,
+            schedule: "cosine".into(),
+            ..SftSection::default()
+        };
+        let s = sft.lr_schedule();
+        assert_eq!((s.warmup_steps, s.steps, s.min_lr_ratio), (2, 20, 0.0));
+        let last = s.lr(1.0, 19);
+        assert!(last > 0.0 && last < 0.01, "last warm-up step: {last}");
+    }
+}
