@@ -313,29 +313,32 @@ impl Default for OptimizerSection {
 pub struct ScheduleSection {
     /// RL steps.
     pub steps: usize,
-    /// `constant`, `linear_warmup` or `cosine` (both with warm-up).
+    /// After `warmup_steps` of linear ramp: `constant` (`linear_warmup` is the same), `linear`
+    /// (down to `min_lr_ratio` of the peak at `steps`, TRL's default) or `cosine` (verl's).
     pub kind: String,
     /// Warm-up steps.
     pub warmup_steps: usize,
-    /// Cosine floor as a fraction of the peak.
+    /// Floor of `linear` and `cosine` as a fraction of the peak.
     pub min_lr_ratio: f64,
 }
 
 impl ScheduleSection {
+    /// The values `kind` accepts.
+    pub const KINDS: [&str; 4] = ["constant", "linear_warmup", "linear", "cosine"];
+
     /// The learning rate at `step` (0-based) for a peak of `peak`: linear warm-up over
-    /// `warmup_steps`, then constant, or a cosine from the peak down to `peak * min_lr_ratio`
-    /// at `steps`.
+    /// `warmup_steps`, then constant, or a linear or cosine decay from the peak down to
+    /// `peak * min_lr_ratio` at `steps`.
     pub fn lr(&self, peak: f64, step: usize) -> f64 {
         if step < self.warmup_steps {
             return peak * (step + 1) as f64 / self.warmup_steps as f64;
         }
+        let span = self.steps.saturating_sub(self.warmup_steps).max(1) as f64;
+        let t = ((step - self.warmup_steps) as f64 / span).min(1.0);
+        let floor = peak * self.min_lr_ratio;
         match self.kind.as_str() {
-            "cosine" => {
-                let span = self.steps.saturating_sub(self.warmup_steps).max(1) as f64;
-                let t = ((step - self.warmup_steps) as f64 / span).min(1.0);
-                let floor = peak * self.min_lr_ratio;
-                floor + (peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
-            }
+            "cosine" => floor + (peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()),
+            "linear" => floor + (peak - floor) * (1.0 - t),
             _ => peak,
         }
     }
@@ -368,11 +371,12 @@ pub struct SftSection {
     /// teacher, so the warm-up teaches the answer format and roughly where the answer lies, and
     /// RL has to make the answers exact. 0 (the default) demonstrates correct answers only.
     pub teacher_error: f64,
-    /// Learning-rate schedule after the warm-up's first tenth (a linear ramp): `constant` or
-    /// `cosine` (down to `lr * min_lr_ratio` at the last step). A decaying rate ends the warm-up
-    /// on a settled model rather than on one noisy step of a constant rate.
+    /// Learning-rate schedule after the warm-up's first tenth (a linear ramp), as
+    /// `schedule.kind`: `constant`, `linear` or `cosine` (both down to `lr * min_lr_ratio` at the
+    /// last step). A decaying rate ends the warm-up on a settled model rather than on one noisy
+    /// step of a constant rate.
     pub schedule: String,
-    /// Cosine floor as a fraction of `lr`.
+    /// Floor of `linear` and `cosine` as a fraction of `lr`.
     pub min_lr_ratio: f64,
 }
 
@@ -615,20 +619,16 @@ impl Recipe {
                 format!("'{}': use 'loss' or 'reward'", a.kl_placement),
             );
         }
-        if !["constant", "linear_warmup", "cosine"].contains(&self.schedule.kind.as_str()) {
-            return bad(
-                "schedule.kind",
-                format!(
-                    "'{}': use constant, linear_warmup or cosine",
-                    self.schedule.kind
-                ),
-            );
-        }
-        if !["constant", "cosine"].contains(&self.sft.schedule.as_str()) {
-            return bad(
-                "sft.schedule",
-                format!("'{}': use constant or cosine", self.sft.schedule),
-            );
+        for (k, v) in [
+            ("schedule.kind", &self.schedule.kind),
+            ("sft.schedule", &self.sft.schedule),
+        ] {
+            if !ScheduleSection::KINDS.contains(&v.as_str()) {
+                return bad(
+                    k,
+                    format!("'{v}': use constant, linear_warmup, linear or cosine"),
+                );
+            }
         }
         for (k, v) in [
             ("schedule.min_lr_ratio", self.schedule.min_lr_ratio),
@@ -778,6 +778,13 @@ mod tests {
         assert!((lr[6] - 0.55).abs() < 1e-12, "half way: {}", lr[6]);
         assert!(lr[2..].windows(2).all(|w| w[1] <= w[0]));
         assert!(lr[10..].iter().all(|&v| (v - 0.1).abs() < 1e-12));
+        let linear = ScheduleSection {
+            kind: "linear".into(),
+            ..s.clone()
+        };
+        assert!((linear.lr(1.0, 6) - 0.55).abs() < 1e-12);
+        assert!((linear.lr(1.0, 4) - 0.775).abs() < 1e-12);
+        assert!((linear.lr(1.0, 11) - 0.1).abs() < 1e-12);
         let constant = ScheduleSection {
             kind: "constant".into(),
             ..s

@@ -185,13 +185,13 @@ fn bad_recipes_fail_before_loading_a_model() {
     assert!(err(&["rollout.top_p=1.5"]).contains("top_p"));
     assert!(err(&["algorithm.loss=\"grpoo\""]).contains("grpo"));
     assert!(err(&["optimizer.lr=-1"]).contains("optimizer.lr"));
-    assert!(err(&["schedule.kind=\"linear\""]).contains("constant, linear_warmup or cosine"));
+    assert!(err(&["schedule.kind=\"step\""]).contains("constant, linear_warmup, linear or cosine"));
     assert!(err(&["algorithm.advantage=\"gae\""]).contains("model.critic"));
     assert!(err(&["nonsense"]).contains("KEY=VALUE"));
     assert!(err(&["sft.teacher_error=1.5"]).contains("sft.teacher_error: must be in [0, 1]"));
     assert!(
-        err(&["sft.schedule=\"linear\""])
-            .contains("sft.schedule: 'linear': use constant or cosine")
+        err(&["sft.schedule=\"step\""])
+            .contains("sft.schedule: 'step': use constant, linear_warmup, linear or cosine")
     );
     assert!(err(&["sft.min_lr_ratio=2.0"]).contains("sft.min_lr_ratio: must be in [0, 1], got 2"));
     assert!(err(&["task.name=\"countdown\""]).contains("only the arithmetic task"));
