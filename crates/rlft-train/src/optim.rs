@@ -6,9 +6,9 @@
 //! the same update (decoupled weight decay, bias-corrected moments, ε outside the square root)
 //! in one pass over host memory, in parallel, when the parameter lives in host memory (flex,
 //! ndarray; on flex the parameter and both moments are updated where they lie when nothing else
-//! holds them, see [`rlft_model::hostmem`]), and hands every other device (and other dtypes) to burn's [`AdamW`]. Its
-//! per-parameter state is burn's [`AdamWState`], so optimizer records and checkpoints are the
-//! same as with burn's optimizer.
+//! holds them, see [`rlft_model::hostmem`]), and hands every other device (and other dtypes) to
+//! burn's [`AdamW`]. Its per-parameter state is burn's [`AdamWState`], so optimizer records and
+//! checkpoints are the same as with burn's optimizer.
 
 use burn::config::Config;
 use burn::optim::{

@@ -624,10 +624,8 @@ impl Recipe {
             ("sft.schedule", &self.sft.schedule),
         ] {
             if !ScheduleSection::KINDS.contains(&v.as_str()) {
-                return bad(
-                    k,
-                    format!("'{v}': use constant, linear_warmup, linear or cosine"),
-                );
+                let [rest @ .., last] = ScheduleSection::KINDS;
+                return bad(k, format!("'{v}': use {} or {last}", rest.join(", ")));
             }
         }
         for (k, v) in [
