@@ -29,7 +29,14 @@ fn losses(c: &mut Criterion) {
     group.sample_size(20);
     for name in registry.names() {
         let config = registry.resolve(&name).expect("registered").config;
-        group.bench_function(&name, |b| {
+        // Batch-coupled losses read advantages and log-probs back to the host to select their
+        // tokens: their time includes that round trip (named so in the report).
+        let id = if registry.is_batch_coupled(&name).expect("registered") {
+            format!("{name} (batch-coupled, host selection)")
+        } else {
+            name.clone()
+        };
+        group.bench_function(&id, |b| {
             b.iter(|| {
                 let lp = log_prob.clone().detach().require_grad();
                 let input =

@@ -1,12 +1,14 @@
-//! Checks rlft against verl's golden cases.
+//! Checks rlft against golden reference cases (verl 0.9.1, the CTPO authors' code).
 //!
 //! ```text
 //! cargo run --release --example parity -- [DIR] [--f32]
 //! ```
-//! DIR defaults to `$RLFT_GOLDEN_DIR`, then `../shared/golden`. Prints each failure with its case
-//! id and ends with `N passed, M failed, K skipped`; exits non-zero when any case fails.
+//! DIR is any directory of `rl-golden/v1` cases; it defaults to the verl set kept in this
+//! repository (`tests/golden/verl`; also there: `tests/golden/offpolicy`, `tests/golden/ctpo`).
+//! Prints each failure and skip with its case id and ends with `N passed, M failed, K skipped`;
+//! exits non-zero when any case fails.
 
-use rlft::parity::{Options, golden_dir, run_dir};
+use rlft_parity::{Options, golden_dir, run_dir};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -14,9 +16,9 @@ fn main() -> anyhow::Result<()> {
     let dir = args
         .iter()
         .find(|a| !a.starts_with("--"))
-        .map(String::as_str);
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| golden_dir("verl"));
     let opts = if f32 { Options::f32() } else { Options::f64() };
-    let dir = golden_dir(dir);
     let report = run_dir(&dir, &opts)?;
     println!("{}", report.render());
     let (_, failed, _) = report.counts();

@@ -22,7 +22,9 @@ fn ratios(p_theta: &[f64], p_mu: &[f64], level: RatioLevel, device: &Device) -> 
     let lp = row(&p_theta.iter().map(|p| p.ln()).collect::<Vec<_>>(), device);
     let mu = row(&p_mu.iter().map(|p| p.ln()).collect::<Vec<_>>(), device);
     let mask = lp.ones_like();
-    Ok(to_host(&log_ratio(lp, mu, &mask, level, false).exp())?)
+    Ok(to_host(
+        &log_ratio(lp, mu, &mask, level, false, Default::default()).exp(),
+    )?)
 }
 
 fn main() -> Result<()> {
@@ -64,8 +66,8 @@ fn main() -> Result<()> {
         "cumulative ratio after 100 steps of 1.05",
         cum[steps - 1]
     );
-    let like = Tensor::<2>::zeros([1, steps], (&device, DType::F64));
-    let (lo, hi, dual) = CtpoBounds::default().ratio_bounds(&like);
+    let mask = Tensor::<2>::ones([1, steps], (&device, DType::F64));
+    let (lo, hi, dual) = CtpoBounds::default().ratio_bounds(&mask);
     let (lo, hi, dual) = (to_host(&lo)?, to_host(&hi)?, to_host(&dual)?);
     let clipped = cum[steps - 1].clamp(lo[steps - 1], hi[steps - 1]);
     println!(

@@ -11,7 +11,6 @@
 //! - [`rollout`] (`rlft-rollout`): batched sampling with behaviour log-probs.
 //! - [`train`] (`rlft-train`): recipes, the RL loop, checkpoints, metrics and plots.
 //! - [`device`]: backend selection from a device string (`flex`, `wgpu:cpu`, `cuda:0`, ...).
-//! - [`parity`]: the runner that checks rlft against verl's golden cases.
 
 pub use rlft_algo as algo;
 pub use rlft_algo::device;
@@ -20,8 +19,6 @@ pub use rlft_rollout as rollout;
 pub use rlft_train as train;
 
 pub mod cli;
-
-pub mod parity;
 
 /// The burn version rlft is built on.
 pub const BURN_VERSION: &str = "0.22.1";

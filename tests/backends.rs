@@ -54,6 +54,8 @@ fn run(dev: &Device) -> Vec<(String, Vec<f64>)> {
         .collect();
     let mut out = Vec::new();
     for name in registry.names() {
+        // Batch-coupled losses (`clip_cov`, `kl_cov`) select their tokens on the host from the
+        // same uploaded inputs on every backend, so they are compared like the others.
         let log_prob = t2(values(B * T, 1, -3.0, -0.05), &dev).require_grad();
         let old = t2(values(B * T, 2, -3.0, -0.05), &dev);
         let adv = t2(values(B * T, 3, -1.5, 1.5), &dev);

@@ -1,46 +1,49 @@
-//! Reference parity with verl 0.9.1 on the golden cases (`../shared/golden`, or
-//! `RLFT_GOLDEN_DIR`), in f64 (required tolerances) and in f32.
+//! Reference parity on the golden cases kept in `tests/golden/` (verl 0.9.1; the CTPO authors'
+//! loss code), in f64 (required tolerances) and in f32. Every case must pass: none may be
+//! skipped, and every metric the reference reports is compared (a case with a metric rlft does
+//! not report counts as skipped).
 
-use rlft::parity::{Options, Outcome, golden_dir, run_dir};
+use rlft_parity::{Options, golden_dir, run_dir};
 
-/// Skips the issue allows (features rlft does not implement): these policy losses, and these
-/// advantage estimators.
-const ALLOWED_LOSS_SKIPS: &[&str] = &["clip_cov", "kl_cov", "dppo_"];
-const ALLOWED_ADVANTAGE_SKIPS: &[&str] = &["opo", "remax", "grpo_passk", "gpg"];
-
-fn check(opts: Options) {
-    let dir = golden_dir(None);
-    let dir = if dir.is_relative() {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir)
-    } else {
-        dir
-    };
-    let report = run_dir(&dir, &opts).unwrap_or_else(|e| panic!("{e}"));
+fn check(set: &str, cases: usize, opts: Options) {
+    let report = run_dir(&golden_dir(set), &opts).unwrap_or_else(|e| panic!("{e}"));
     println!("{}", report.render());
-    let (passed, failed, _) = report.counts();
-    for (id, o) in &report.cases {
-        if let Outcome::Skipped(why) = o {
-            let allowed = (id.starts_with("policy_loss__")
-                && ALLOWED_LOSS_SKIPS.iter().any(|s| id.contains(s)))
-                || (id.starts_with("advantage__")
-                    && ALLOWED_ADVANTAGE_SKIPS.iter().any(|s| id.contains(s)));
-            assert!(allowed, "{id} skipped but not an allowed skip: {why}");
-        }
-    }
-    assert_eq!(failed, 0, "{}", report.summary());
-    assert!(
-        passed >= 301,
-        "only {passed} cases passed: {}",
+    let (passed, failed, skipped) = report.counts();
+    assert_eq!(report.cases.len(), cases, "{set}: case count");
+    assert_eq!(
+        (passed, failed, skipped),
+        (cases, 0, 0),
+        "{set}: {}",
         report.summary()
     );
 }
 
 #[test]
-fn golden_cases_match_verl_in_f64() {
-    check(Options::f64());
+fn verl_cases_match_in_f64() {
+    check("verl", 368, Options::f64());
 }
 
 #[test]
-fn golden_cases_match_verl_in_f32() {
-    check(Options::f32());
+fn verl_cases_match_in_f32() {
+    check("verl", 368, Options::f32());
+}
+
+#[test]
+fn offpolicy_cases_match_verl_in_f64() {
+    check("offpolicy", 64, Options::f64());
+}
+
+#[test]
+fn offpolicy_cases_match_verl_in_f32() {
+    check("offpolicy", 64, Options::f32());
+}
+
+#[test]
+fn ctpo_cases_match_the_authors_code_in_f64() {
+    check("ctpo", 34, Options::f64());
+}
+
+#[test]
+fn ctpo_cases_match_the_authors_code_in_f32() {
+    check("ctpo", 34, Options::f32());
 }

@@ -1,5 +1,5 @@
-//! Advantage estimators: group comparison (GRPO, Dr.GRPO, batch-std), RLOO, REINFORCE++ and its
-//! group baseline, and GAE with a critic.
+//! Advantage estimators: group comparison (GRPO, Dr.GRPO, batch-std, pass@k, GPG), RLOO, OPO,
+//! REINFORCE++ and its group baseline, ReMax, and GAE with a critic (verl 0.9.1's definitions).
 //!
 //! Group statistics are computed on the host in f64 (they involve per-group bookkeeping and no
 //! gradient); the results come back as tensors on the input's device and dtype.
@@ -37,6 +37,25 @@ pub enum AdvantageEstimator {
     },
     /// REINFORCE++-baseline: `R − mean_g` on every token, whitened over the batch.
     ReinforcePlusPlusBaseline,
+    /// OPO: `R − b_g` with the length-weighted group baseline `b_g = Σ |y_j|·R_j / Σ |y_j|`
+    /// (singleton: 0).
+    Opo,
+    /// ReMax: returns-to-go minus the reward of a greedy response to the same prompt
+    /// ([`AdvantageInput::with_reward_baselines`]); no whitening.
+    Remax,
+    /// Pass@k: only each group's best response gets an advantage, `R_max − R_second`, divided by
+    /// the group's std (+ε) when `norm_by_std`. Groups need at least two responses.
+    GrpoPassk {
+        /// Divide by the group's std.
+        norm_by_std: bool,
+        /// ε added to the std.
+        epsilon: f64,
+    },
+    /// GPG: `α·(R − mean_g) / f_norm` with `α = batch / #(R ≠ 0)` (singleton: mean 0).
+    Gpg {
+        /// The normaliser `f_norm`.
+        f_norm: f64,
+    },
     /// Generalised advantage estimation with a critic's values, whitened over the batch.
     Gae {
         /// Discount γ.
@@ -47,11 +66,15 @@ pub enum AdvantageEstimator {
 }
 
 /// Names accepted by [`AdvantageEstimator::from_name`].
-pub const ESTIMATOR_NAMES: [&str; 7] = [
+pub const ESTIMATOR_NAMES: [&str; 11] = [
     "grpo",
     "dr_grpo",
     "batch_std",
     "rloo",
+    "opo",
+    "grpo_passk",
+    "gpg",
+    "remax",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "gae",
@@ -76,6 +99,13 @@ impl AdvantageEstimator {
             },
             "batch_std" => AdvantageEstimator::GroupMeanBatchStd { epsilon: 1e-6 },
             "rloo" => AdvantageEstimator::Rloo,
+            "opo" => AdvantageEstimator::Opo,
+            "remax" => AdvantageEstimator::Remax,
+            "grpo_passk" | "passk" => AdvantageEstimator::GrpoPassk {
+                norm_by_std: true,
+                epsilon: 1e-6,
+            },
+            "gpg" => AdvantageEstimator::Gpg { f_norm: 1.0 },
             "reinforce_plus_plus" | "reinforce++" => {
                 AdvantageEstimator::ReinforcePlusPlus { gamma: 1.0 }
             }
@@ -108,8 +138,16 @@ impl AdvantageEstimator {
             AdvantageEstimator::Grpo { .. }
                 | AdvantageEstimator::GroupMeanBatchStd { .. }
                 | AdvantageEstimator::Rloo
+                | AdvantageEstimator::Opo
+                | AdvantageEstimator::GrpoPassk { .. }
+                | AdvantageEstimator::Gpg { .. }
                 | AdvantageEstimator::ReinforcePlusPlusBaseline
         )
+    }
+
+    /// Whether the estimator needs the reward of a greedy baseline response per row (ReMax).
+    pub fn needs_reward_baselines(&self) -> bool {
+        matches!(self, AdvantageEstimator::Remax)
     }
 
     /// Computes advantages and returns.
@@ -181,6 +219,52 @@ impl AdvantageEstimator {
                     .collect();
                 same(per_row(adv))
             }
+            AdvantageEstimator::Opo => {
+                let g = groups()?;
+                let len: Vec<f64> = (0..b)
+                    .map(|i| mask[i * t..(i + 1) * t].iter().sum())
+                    .collect();
+                let baseline = g.weighted_means(&scores, &len);
+                same(per_row((0..b).map(|i| scores[i] - baseline[i]).collect()))
+            }
+            AdvantageEstimator::GrpoPassk {
+                norm_by_std,
+                epsilon,
+            } => {
+                let g = groups()?;
+                same(per_row(g.pass_at_k(&scores, norm_by_std, epsilon)?))
+            }
+            AdvantageEstimator::Gpg { f_norm } => {
+                let g = groups()?;
+                let nonzero = scores.iter().filter(|s| **s != 0.0).count().max(1);
+                let alpha = b as f64 / nonzero as f64;
+                same(per_row(
+                    (0..b)
+                        .map(|i| alpha * (scores[i] - g.mean_std(i).0) / f_norm)
+                        .collect(),
+                ))
+            }
+            AdvantageEstimator::Remax => {
+                let baselines = input.reward_baselines.as_ref().ok_or(AlgoError::MissingInput {
+                    loss: "remax".into(),
+                    input: "reward_baselines",
+                    hint: "ReMax needs the reward of a greedy response per row: AdvantageInput::with_reward_baselines",
+                })?;
+                if baselines.len() != b {
+                    return Err(AlgoError::GroupIndex {
+                        got: baselines.len(),
+                        batch: b,
+                    });
+                }
+                let returns = returns_to_go(&rewards, &mask, [b, t], 1.0);
+                let adv: Vec<f64> = (0..b * t)
+                    .map(|k| returns[k] - baselines[k / t] * mask[k])
+                    .collect();
+                AdvantageOutput {
+                    advantages: from_host(adv, [b, t], like),
+                    returns: from_host(returns, [b, t], like),
+                }
+            }
             AdvantageEstimator::ReinforcePlusPlusBaseline => {
                 let g = groups()?;
                 let centered = per_row((0..b).map(|i| scores[i] - g.mean_std(i).0).collect());
@@ -191,16 +275,7 @@ impl AdvantageEstimator {
                 )
             }
             AdvantageEstimator::ReinforcePlusPlus { gamma } => {
-                let mut returns = vec![0.0; b * t];
-                for i in 0..b {
-                    let mut running = 0.0;
-                    for j in (0..t).rev() {
-                        let k = i * t + j;
-                        let new = rewards[k] + gamma * running;
-                        returns[k] = new * mask[k];
-                        running = new * mask[k] + running * (1.0 - mask[k]);
-                    }
-                }
+                let returns = returns_to_go(&rewards, &mask, [b, t], gamma);
                 check_whitenable(&mask)?;
                 let returns = from_host(returns, [b, t], like);
                 let adv = masked_whiten(returns.clone(), &input.response_mask, true)
@@ -241,6 +316,21 @@ impl AdvantageEstimator {
         };
         Ok(out)
     }
+}
+
+/// Discounted returns-to-go per row, skipping unmasked positions (REINFORCE++, ReMax).
+fn returns_to_go(rewards: &[f64], mask: &[f64], [b, t]: [usize; 2], gamma: f64) -> Vec<f64> {
+    let mut returns = vec![0.0; b * t];
+    for i in 0..b {
+        let mut running = 0.0;
+        for j in (0..t).rev() {
+            let k = i * t + j;
+            let new = rewards[k] * mask[k] + gamma * running;
+            returns[k] = new * mask[k];
+            running = new * mask[k] + running * (1.0 - mask[k]);
+        }
+    }
+    returns
 }
 
 fn same(adv: Tensor<2>) -> AdvantageOutput {
@@ -309,6 +399,60 @@ impl Groups {
         Self { row_group, stats }
     }
 
+    /// Per row: its group's `Σ w·x / Σ w` (singleton groups: 0; zero total weight: plain mean).
+    fn weighted_means(&self, x: &[f64], w: &[f64]) -> Vec<f64> {
+        let n = self.stats.len();
+        let (mut num, mut den, mut sum) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        for (i, g) in self.row_group.iter().enumerate() {
+            num[*g] += w[i] * x[i];
+            den[*g] += w[i];
+            sum[*g] += x[i];
+        }
+        self.row_group
+            .iter()
+            .map(|&g| match self.stats[g].0 {
+                1 => 0.0,
+                size if den[g] == 0.0 => sum[g] / size as f64,
+                _ => num[g] / den[g],
+            })
+            .collect()
+    }
+
+    /// Pass@k advantages: each group's best row (first on ties) gets `max − second`, scaled by
+    /// `1 / (std + ε)` when `norm`; every other row 0.
+    fn pass_at_k(&self, scores: &[f64], norm: bool, epsilon: f64) -> Result<Vec<f64>> {
+        let mut adv = vec![0.0; scores.len()];
+        for g in 0..self.stats.len() {
+            let rows: Vec<usize> = (0..scores.len())
+                .filter(|&i| self.row_group[i] == g)
+                .collect();
+            if rows.len() < 2 {
+                return Err(AlgoError::InvalidSetting {
+                    name: "grpo_passk group size",
+                    value: rows.len() as f64,
+                    allowed: "pass@k advantages need at least 2 responses per prompt (rollout.group_size >= 2)",
+                });
+            }
+            let best = rows
+                .iter()
+                .copied()
+                .reduce(|a, c| if scores[c] > scores[a] { c } else { a })
+                .unwrap_or(rows[0]);
+            let second = rows
+                .iter()
+                .filter(|&&i| i != best)
+                .map(|&i| scores[i])
+                .fold(f64::NEG_INFINITY, f64::max);
+            let gap = scores[best] - second;
+            adv[best] = if norm {
+                gap / (self.stats[g].2 + epsilon)
+            } else {
+                gap
+            };
+        }
+        Ok(adv)
+    }
+
     fn size(&self, row: usize) -> usize {
         self.stats[self.row_group[row]].0
     }
@@ -330,6 +474,8 @@ pub struct AdvantageInput {
     pub group_index: Option<Vec<u64>>,
     /// Critic values, for GAE.
     pub values: Option<Tensor<2>>,
+    /// Reward of a greedy baseline response per row, for ReMax.
+    pub reward_baselines: Option<Vec<f64>>,
 }
 
 impl AdvantageInput {
@@ -340,7 +486,14 @@ impl AdvantageInput {
             response_mask,
             group_index: None,
             values: None,
+            reward_baselines: None,
         }
+    }
+
+    /// Adds the reward of a greedy baseline response per row (ReMax).
+    pub fn with_reward_baselines(mut self, baselines: Vec<f64>) -> Self {
+        self.reward_baselines = Some(baselines);
+        self
     }
 
     /// Adds group ids (one per row).

@@ -237,7 +237,9 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
         /// Micro-batches (summed) and data-parallel ranks (averaged) give the gradient of the
-        /// whole batch, for every aggregation mode and any split.
+        /// whole batch, for every aggregation mode and any split. (The batch-coupled losses
+        /// `clip_cov` and `kl_cov` are exempt by design: they select tokens within the batch
+        /// they are given; see `PolicyLoss::batch_coupled`.)
         #[test]
         fn any_split_gives_the_whole_batch_gradient(
             b in 2usize..9, t in 1usize..7, seed in any::<u64>(), parts in 1usize..5,

@@ -1,7 +1,7 @@
 //! Clip settings: symmetric ε, decoupled ε_low/ε_high (Clip-Higher), dual clip, and CTPO's
 //! position-adaptive log-space bounds.
 
-use crate::ratio::positions;
+use crate::ratio::valid_count_so_far;
 use crate::{AlgoError, Result};
 use burn::tensor::{Bool, Tensor};
 use serde::{Deserialize, Serialize};
@@ -80,9 +80,11 @@ impl ClipRange {
     }
 }
 
-/// CTPO's position-adaptive bounds in log space: at response position `t` (1-based) the log
-/// ratio is clipped to `[−c_low·t^p, c_high·t^p]`, and negative-advantage tokens are dual-clipped
-/// at `exp(c_dual·t^p)`. Later tokens, whose cumulative ratios spread more, get wider bounds.
+/// CTPO's position-adaptive bounds in log space: at response position `t` (1-based, counting the
+/// row's valid tokens, as the CTPO authors do) the log ratio is clipped to
+/// `[−c_low·s_t, c_high·s_t]` with `s_t = t^p`, and negative-advantage tokens are dual-clipped at
+/// `exp(c_dual·s_t)`. Later tokens, whose cumulative ratios spread more, get wider bounds
+/// (`p = 0.5` suits products, whose log variance grows like `t`; `p = −0.5` geometric means).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CtpoBounds {
     /// Lower log-space coefficient.
@@ -107,13 +109,12 @@ impl Default for CtpoBounds {
 }
 
 impl CtpoBounds {
-    /// Checks every coefficient is finite and ≥ 0 (`c_dual` > 0).
+    /// Checks every coefficient is finite and ≥ 0 (`c_dual` > 0), the power finite.
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [
             ("ctpo.c_low", self.c_low),
             ("ctpo.c_high", self.c_high),
             ("ctpo.c_dual", self.c_dual),
-            ("ctpo.power", self.power),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(AlgoError::InvalidSetting {
@@ -122,6 +123,13 @@ impl CtpoBounds {
                     allowed: "CTPO coefficients must be finite and >= 0 (defaults 0.025, 0.05, 0.05, p = 0.5)",
                 });
             }
+        }
+        if !self.power.is_finite() {
+            return Err(AlgoError::InvalidSetting {
+                name: "ctpo.power",
+                value: self.power,
+                allowed: "must be finite (0.5 for cumulative products, -0.5 for geometric means)",
+            });
         }
         if self.c_dual == 0.0 {
             return Err(AlgoError::InvalidSetting {
@@ -133,9 +141,22 @@ impl CtpoBounds {
         Ok(())
     }
 
-    /// The ratio bounds `(exp(−c_low·t^p), exp(c_high·t^p), exp(c_dual·t^p))` as `[1, T]` rows.
-    pub fn ratio_bounds(&self, like: &Tensor<2>) -> (Tensor<2>, Tensor<2>, Tensor<2>) {
-        let tp = positions(like).powf_scalar(self.power);
+    /// The scale `s_t = max(t, 1)^p` at every position, `t` counting the row's valid tokens.
+    ///
+    /// # Shapes
+    /// - `mask`: `[batch, T]` → `[batch, T]`
+    pub fn scale(&self, mask: &Tensor<2>) -> Tensor<2> {
+        valid_count_so_far(mask)
+            .clamp_min(1.0)
+            .powf_scalar(self.power)
+    }
+
+    /// The ratio bounds `(exp(−c_low·s_t), exp(c_high·s_t), exp(c_dual·s_t))`.
+    ///
+    /// # Shapes
+    /// - `mask`: `[batch, T]` → three `[batch, T]`
+    pub fn ratio_bounds(&self, mask: &Tensor<2>) -> (Tensor<2>, Tensor<2>, Tensor<2>) {
+        let tp = self.scale(mask);
         let lo = (tp.clone() * (-self.c_low)).exp();
         let hi = (tp.clone() * self.c_high).exp();
         let dual = (tp * self.c_dual).exp();
@@ -143,8 +164,8 @@ impl CtpoBounds {
     }
 }
 
-/// Ratio bounds resolved for one batch, as rows broadcast over `[batch, T]`: `[1, 1]` for a
-/// fixed clip range, `[1, T]` for CTPO's position-adaptive bounds.
+/// Ratio bounds resolved for one batch, broadcast over `[batch, T]`: `[1, 1]` for a fixed clip
+/// range, `[batch, T]` for CTPO's position-adaptive bounds.
 #[derive(Debug, Clone)]
 pub(crate) struct Bounds {
     lo: Tensor<2>,
@@ -163,9 +184,9 @@ impl Bounds {
         }
     }
 
-    /// CTPO's bounds at every position of `like`.
-    pub(crate) fn position_adaptive(b: &CtpoBounds, like: &Tensor<2>) -> Self {
-        let (lo, hi, dual) = b.ratio_bounds(like);
+    /// CTPO's bounds at every position of `mask`.
+    pub(crate) fn position_adaptive(b: &CtpoBounds, mask: &Tensor<2>) -> Self {
+        let (lo, hi, dual) = b.ratio_bounds(mask);
         Bounds {
             lo,
             hi,
@@ -230,7 +251,7 @@ mod tests {
     /// exp(0.05·√100) = e^0.5 ≈ 1.65: the clipped value stays finite and small.
     #[test]
     fn ctpo_bounds_keep_the_product_finite() {
-        let like = Tensor::<2>::zeros([1, 100], &Device::flex());
+        let like = Tensor::<2>::ones([1, 100], &Device::flex());
         let (lo, hi, _) = CtpoBounds::default().ratio_bounds(&like);
         let hi = to_host(&hi).unwrap();
         let lo = to_host(&lo).unwrap();

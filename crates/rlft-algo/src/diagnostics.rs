@@ -54,7 +54,10 @@ pub fn cumulative_ratio_spread(
                 .map(|idx| cum[idx])
                 .collect();
             vals.sort_by(|x, y| x.total_cmp(y));
-            let q = quantiles.iter().map(|&q| (q, quantile(&vals, q))).collect();
+            let q = quantiles
+                .iter()
+                .map(|&q| (q, quantile_sorted(&vals, q)))
+                .collect();
             PositionBucket {
                 start,
                 end,
@@ -65,8 +68,9 @@ pub fn cumulative_ratio_spread(
         .collect())
 }
 
-/// Linear-interpolated quantile of sorted values (NaN when empty).
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+/// Linear-interpolated quantile of ascending values, `q ∈ [0, 1]` (torch's `quantile`; NaN
+/// when empty).
+pub fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

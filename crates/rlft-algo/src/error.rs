@@ -3,6 +3,16 @@ use std::fmt;
 /// Errors from rlft-algo. Each message names the offending input and how to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum AlgoError {
+    /// A setting given as text (a name list, a threshold spec) that cannot be used.
+    #[error("invalid {name} = '{value}': {allowed}")]
+    InvalidSpec {
+        /// The setting's name.
+        name: String,
+        /// The value given.
+        value: String,
+        /// What is allowed, in words.
+        allowed: String,
+    },
     /// Two tensors that must agree in shape do not.
     #[error(
         "shape mismatch: `{name}` has shape {got:?} but {expected}; pass tensors of the same [batch, T] shape"

@@ -18,6 +18,7 @@
 pub mod advantage;
 pub mod aggregation;
 pub mod clip;
+pub mod correction;
 pub mod device;
 pub mod diagnostics;
 pub mod entropy;

@@ -50,9 +50,44 @@ pub fn token_log_ratio(
     zero_padding(log_prob - old_log_prob, mask)
 }
 
-/// Log importance ratio at the given level, clamped where the reference clamps (token and
-/// cumulative: ±20; sequence: ≤ 10). `geometric_mean` applies to [`RatioLevel::Cumulative`]
-/// only: `log ρ_t^cum / (tokens up to t)`.
+/// Cap on the cumulative log-ratio (the CTPO authors' `min(log r_t, 10)`).
+pub const CUM_LOG_RATIO_MAX: f64 = 10.0;
+
+/// Where the gradient of a cumulative ratio flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CumulativeGradient {
+    /// The CTPO authors' form: `log r_t = sg(cum_t) + log πθ_t − sg(log πθ_t)`. The value is the
+    /// cumulative ratio, the gradient that of token `t` alone (as GSPO does for sequences).
+    #[default]
+    CurrentToken,
+    /// `log r_t = cum_t` differentiated as it is: token `t`'s loss also moves every earlier
+    /// token of its prefix.
+    FullPrefix,
+}
+
+impl CumulativeGradient {
+    /// Both forms with their names.
+    pub const ALL: [(CumulativeGradient, &'static str); 2] = [
+        (CumulativeGradient::CurrentToken, "current_token"),
+        (CumulativeGradient::FullPrefix, "full_prefix"),
+    ];
+}
+
+crate::error::impl_names!(
+    CumulativeGradient,
+    CumulativeGradient::ALL,
+    "cumulative gradient",
+    |s| s.trim().to_ascii_lowercase()
+);
+
+/// Log importance ratio at the given level.
+///
+/// - token: `clamp(log πθ − log μ, ±20)`;
+/// - sequence (GSPO): `min(sg(mean_t d) + log πθ − sg(log πθ), 10)`;
+/// - cumulative (CTPO, as its authors compute it): with `d_k = clamp(log πθ_k − log μ_k, ±20)`,
+///   `cum_t = Σ_{k≤t} d_k·m_k`, divided by the number of valid tokens so far when
+///   `geometric_mean`; then `min(cum_t, 10)` with the gradient of `gradient`.
 ///
 /// # Shapes
 /// - all inputs `[batch, T]` → `[batch, T]` (0 at unmasked positions for token/cumulative)
@@ -62,6 +97,7 @@ pub fn log_ratio(
     mask: &Tensor<2>,
     level: RatioLevel,
     geometric_mean: bool,
+    gradient: CumulativeGradient,
 ) -> Tensor<2> {
     let d = token_log_ratio(log_prob.clone(), old_log_prob, mask);
     match level {
@@ -73,16 +109,31 @@ pub fn log_ratio(
             (lp.clone() - lp.detach() + seq).clamp_max(SEQ_LOG_RATIO_MAX)
         }
         RatioLevel::Cumulative => {
-            let cum = d.cumsum(1);
+            let cum = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).cumsum(1);
             let cum = if geometric_mean {
-                let count = zero_padding(mask.clone(), mask).cumsum(1).clamp_min(1.0);
-                cum / count
+                cum / valid_count_so_far(mask).clamp_min(1.0)
             } else {
                 cum
             };
-            zero_padding(cum.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), mask)
+            let log_r = match gradient {
+                CumulativeGradient::FullPrefix => cum,
+                CumulativeGradient::CurrentToken => {
+                    let lp = zero_padding(log_prob, mask);
+                    cum.detach() + lp.clone() - lp.detach()
+                }
+            };
+            zero_padding(log_r.clamp_max(CUM_LOG_RATIO_MAX), mask)
         }
     }
+}
+
+/// `Σ_{k≤t} m_k`: the 1-based position of each valid token among its row's valid tokens
+/// (observation tokens and padding are not counted).
+///
+/// # Shapes
+/// - `mask`: `[batch, T]` → `[batch, T]`
+pub fn valid_count_so_far(mask: &Tensor<2>) -> Tensor<2> {
+    zero_padding(mask.clone(), mask).cumsum(1)
 }
 
 /// 1-based token positions `t = 1..=T` as a float `[1, T]` row, in the dtype of `like`.
@@ -137,7 +188,8 @@ mod tests {
         let lp = t2(vec![0.70f64.ln(), 0.20f64.ln()], 1, 2);
         let mu = t2(vec![0.40f64.ln(), 0.40f64.ln()], 1, 2);
         let m = t2(vec![1.0, 1.0], 1, 2);
-        let r = to_host(&log_ratio(lp, mu, &m, RatioLevel::Token, false).exp()).unwrap();
+        let r = to_host(&log_ratio(lp, mu, &m, RatioLevel::Token, false, Default::default()).exp())
+            .unwrap();
         assert!(
             (r[0] - 1.75).abs() < 1e-12 && (r[1] - 0.50).abs() < 1e-12,
             "{r:?}"
@@ -151,9 +203,30 @@ mod tests {
         let lp = t2(vec![0.10f64.ln(), 0.5f64.ln()], 1, 2);
         let mu = t2(vec![0.40f64.ln(), 0.5f64.ln()], 1, 2);
         let m = t2(vec![1.0, 1.0], 1, 2);
-        let tok = to_host(&log_ratio(lp.clone(), mu.clone(), &m, RatioLevel::Token, false).exp())
-            .unwrap();
-        let cum = to_host(&log_ratio(lp, mu, &m, RatioLevel::Cumulative, false).exp()).unwrap();
+        let tok = to_host(
+            &log_ratio(
+                lp.clone(),
+                mu.clone(),
+                &m,
+                RatioLevel::Token,
+                false,
+                Default::default(),
+            )
+            .exp(),
+        )
+        .unwrap();
+        let cum = to_host(
+            &log_ratio(
+                lp,
+                mu,
+                &m,
+                RatioLevel::Cumulative,
+                false,
+                Default::default(),
+            )
+            .exp(),
+        )
+        .unwrap();
         assert_eq!(tok[1], 1.0);
         assert!((cum[1] - 0.25).abs() < 1e-12, "{cum:?}");
     }
@@ -164,11 +237,22 @@ mod tests {
         let lp = t2(vec![1.05f64.ln(); 100], 1, 100);
         let mu = t2(vec![0.0; 100], 1, 100);
         let m = t2(vec![1.0; 100], 1, 100);
-        let cum =
-            to_host(&log_ratio(lp.clone(), mu.clone(), &m, RatioLevel::Cumulative, false).exp())
-                .unwrap();
+        let cum = to_host(
+            &log_ratio(
+                lp.clone(),
+                mu.clone(),
+                &m,
+                RatioLevel::Cumulative,
+                false,
+                Default::default(),
+            )
+            .exp(),
+        )
+        .unwrap();
         assert!((cum[99] - 131.5).abs() < 0.05, "{}", cum[99]);
-        let geo = to_host(&log_ratio(lp, mu, &m, RatioLevel::Cumulative, true).exp()).unwrap();
+        let geo =
+            to_host(&log_ratio(lp, mu, &m, RatioLevel::Cumulative, true, Default::default()).exp())
+                .unwrap();
         assert!((geo[99] - 1.05).abs() < 1e-12);
     }
 
@@ -177,7 +261,15 @@ mod tests {
         let lp = t2(vec![0.2, 0.4, 9.0], 1, 3);
         let mu = t2(vec![0.0, 0.0, -5.0], 1, 3);
         let m = t2(vec![1.0, 1.0, 0.0], 1, 3);
-        let s = to_host(&log_ratio(lp, mu, &m, RatioLevel::Sequence, false)).unwrap();
+        let s = to_host(&log_ratio(
+            lp,
+            mu,
+            &m,
+            RatioLevel::Sequence,
+            false,
+            Default::default(),
+        ))
+        .unwrap();
         assert!((s[0] - 0.3).abs() < 1e-12 && (s[1] - 0.3).abs() < 1e-12);
     }
 

@@ -28,8 +28,11 @@ impl PolicyLoss for ClippedSurrogate {
         let loss = unclipped.mask_where(clip_active.clone(), clipped);
         let (a_neg, a_pos) = ctx.advantage_signs();
         let mut terms = LossTerms::per_token(loss.clone());
-        terms.clip_frac_high = Some(ctx.fraction(clip_active.clone().bool_and(a_pos)));
-        terms.clip_frac_low = Some(ctx.fraction(clip_active.bool_and(a_neg.clone())));
+        let high = clip_active.clone().bool_and(a_pos);
+        let low = clip_active.bool_and(a_neg.clone());
+        terms.clip_frac_high = Some(ctx.fraction(high.clone()));
+        terms.clip_frac_low = Some(ctx.fraction(low.clone()));
+        let mut dual_count = None;
         let dual = if self.no_dual_clip {
             None
         } else {
@@ -39,11 +42,15 @@ impl PolicyLoss for ClippedSurrogate {
             let capped = neg_adv * c;
             let dual_active = loss.clone().greater(capped.clone()).bool_and(a_neg);
             terms.clip_frac_dual = Some(ctx.fraction(dual_active.clone()));
+            dual_count = Some(ctx.count(dual_active.clone()));
             terms.value = super::LossValue::PerToken {
                 loss: loss.mask_where(dual_active, capped),
                 aggregation: None,
             };
         }
+        let low_count = ctx.count(low);
+        let dual_count = dual_count.unwrap_or_else(|| low_count.zeros_like());
+        terms.clip_counts = Some([low_count, ctx.count(high), dual_count]);
         terms.ratio = Some(ratio);
         Ok(terms)
     }

@@ -8,28 +8,34 @@
 
 mod cispo;
 mod clipped;
+mod cov;
+mod dppo;
 mod dro;
 mod geo_mean;
 mod gpg;
 mod registry;
 mod reinforce;
+mod reinforce_is;
 mod sapo;
 
 pub use cispo::Cispo;
 pub use clipped::ClippedSurrogate;
+pub use cov::{ClipCov, KlCov};
+pub use dppo::{Dppo, DppoDivergence};
 pub use dro::Dro;
 pub use geo_mean::GeoMean;
 pub use gpg::Gpg;
 pub use registry::{LossRegistry, Preset};
 pub use reinforce::Reinforce;
+pub use reinforce_is::ReinforceIs;
 pub use sapo::Sapo;
 
 use crate::aggregation::{GlobalBatchInfo, LossAggregation, aggregate_loss};
 use crate::clip::{Bounds, ClipRange, CtpoBounds};
 use crate::kl::{KlEstimator, kl_penalty};
 use crate::logprob::check_bt;
-use crate::masked::{masked_mean, to_host, valid};
-use crate::ratio::{LOG_RATIO_CLAMP, RatioLevel, log_ratio, token_log_ratio};
+use crate::masked::{masked_mean, masked_sum, to_host, valid};
+use crate::ratio::{CumulativeGradient, LOG_RATIO_CLAMP, RatioLevel, log_ratio, token_log_ratio};
 use crate::{AlgoError, Result};
 use burn::config::Config;
 use burn::tensor::{Bool, Tensor};
@@ -52,6 +58,10 @@ pub struct PolicyLossConfig {
     /// With [`RatioLevel::Cumulative`]: use the geometric mean of the prefix ratios.
     #[config(default = false)]
     pub cumulative_geometric_mean: bool,
+    /// With [`RatioLevel::Cumulative`]: whether the gradient flows through the current token
+    /// only (the CTPO authors' form, default) or through the whole prefix.
+    #[config(default = "CumulativeGradient::CurrentToken")]
+    pub cumulative_gradient: CumulativeGradient,
     /// How per-token losses are reduced.
     #[config(default = "LossAggregation::TokenMean")]
     pub aggregation: LossAggregation,
@@ -61,6 +71,24 @@ pub struct PolicyLossConfig {
     /// DRO's quadratic penalty β on the log-ratio.
     #[config(default = 0.1)]
     pub dro_beta: f64,
+    /// Clip-Cov: fraction of the valid tokens whose gradient is detached (at least one).
+    #[config(default = 0.0002)]
+    pub clip_cov_ratio: f64,
+    /// Clip-Cov: candidates have a covariance above this.
+    #[config(default = 1.0)]
+    pub clip_cov_lb: f64,
+    /// Clip-Cov: candidates have a covariance below this.
+    #[config(default = 5.0)]
+    pub clip_cov_ub: f64,
+    /// Clip-Cov: seed of the host RNG that draws among the candidates.
+    #[config(default = 0)]
+    pub clip_cov_seed: u64,
+    /// KL-Cov: fraction of the valid tokens that get the |log ρ| penalty (at least one).
+    #[config(default = 0.0002)]
+    pub kl_cov_ratio: f64,
+    /// KL-Cov: coefficient of the |log ρ| penalty.
+    #[config(default = 0.1)]
+    pub ppo_kl_coef: f64,
     /// SAPO gate temperature for positive advantages.
     #[config(default = 1.0)]
     pub sapo_tau_pos: f64,
@@ -103,8 +131,28 @@ impl PolicyLossConfig {
             }
         }
         for (name, v) in [
+            ("clip_cov_ratio", self.clip_cov_ratio),
+            ("kl_cov_ratio", self.kl_cov_ratio),
+        ] {
+            if !(v.is_finite() && v > 0.0 && v <= 1.0) {
+                return Err(AlgoError::InvalidSetting {
+                    name,
+                    value: v,
+                    allowed: "must be in (0, 1] (the fraction of tokens selected; verl's default 0.0002)",
+                });
+            }
+        }
+        if self.clip_cov_lb.partial_cmp(&self.clip_cov_ub) != Some(std::cmp::Ordering::Less) {
+            return Err(AlgoError::InvalidSetting {
+                name: "clip_cov_ub",
+                value: self.clip_cov_ub,
+                allowed: "must be above clip_cov_lb (defaults 1.0 and 5.0)",
+            });
+        }
+        for (name, v) in [
             ("kl_coef", self.kl_coef),
             ("entropy_coef", self.entropy_coef),
+            ("ppo_kl_coef", self.ppo_kl_coef),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(AlgoError::InvalidSetting {
@@ -212,6 +260,8 @@ pub struct LossTerms {
     pub clip_frac_high: Option<Tensor<1>>,
     /// Fraction of negative-advantage tokens capped by the dual clip.
     pub clip_frac_dual: Option<Tensor<1>>,
+    /// Numbers of tokens clipped at the lower bound, at the upper bound and by the dual clip.
+    pub clip_counts: Option<[Tensor<1>; 3]>,
     /// The importance ratio the loss used (for min/mean/max metrics); default: token ratio.
     pub ratio: Option<Tensor<2>>,
 }
@@ -232,6 +282,7 @@ impl LossTerms {
             clip_frac_low: None,
             clip_frac_high: None,
             clip_frac_dual: None,
+            clip_counts: None,
             ratio: None,
         }
     }
@@ -278,6 +329,7 @@ impl LossContext<'_> {
             &self.input.response_mask,
             self.config.ratio_level,
             self.config.cumulative_geometric_mean,
+            self.config.cumulative_gradient,
         )
         .exp()
     }
@@ -285,6 +337,15 @@ impl LossContext<'_> {
     /// Masked mean of a condition (a fraction of masked tokens), verl's `masked_mean` semantics.
     pub fn fraction(&self, cond: Tensor<2, Bool>) -> Tensor<1> {
         masked_mean(
+            cond.float().cast(self.input.log_prob.dtype()),
+            &self.input.response_mask,
+        )
+        .detach()
+    }
+
+    /// Number of masked tokens where `cond` holds.
+    pub fn count(&self, cond: Tensor<2, Bool>) -> Tensor<1> {
+        masked_sum(
             cond.float().cast(self.input.log_prob.dtype()),
             &self.input.response_mask,
         )
@@ -299,7 +360,7 @@ impl LossContext<'_> {
 
     pub(crate) fn bounds(&self, position_adaptive: bool) -> Bounds {
         if position_adaptive {
-            Bounds::position_adaptive(&self.config.ctpo, &self.input.log_prob)
+            Bounds::position_adaptive(&self.config.ctpo, &self.input.response_mask)
         } else {
             Bounds::from_range(&self.config.clip_range(), &self.input.log_prob)
         }
@@ -311,6 +372,13 @@ impl LossContext<'_> {
 pub trait PolicyLoss: Send + Sync {
     /// Per-token losses (or a reduced scalar) and clip statistics for one batch.
     fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms>;
+
+    /// Whether the loss couples the tokens of a batch (selects tokens by batch statistics), so
+    /// that splitting a batch into micro-batches or ranks changes it (`clip_cov`, `kl_cov`).
+    /// Every other loss gives the whole batch's gradient however the batch is split.
+    fn batch_coupled(&self) -> bool {
+        false
+    }
 
     /// Validates the inputs, computes [`terms`](PolicyLoss::terms), applies rollout IS weights,
     /// aggregates, and adds `β·KL(πθ‖π_ref)` and `−α·H`.
@@ -347,8 +415,25 @@ pub struct PolicyLossMetrics {
     pub clip_frac_high: Tensor<1>,
     /// Fraction of tokens capped by the dual clip.
     pub clip_frac_dual: Tensor<1>,
+    /// Number of tokens clipped at the lower bound (0 for losses that do not count).
+    pub clip_count_low: Tensor<1>,
+    /// Number of tokens clipped at the upper bound.
+    pub clip_count_high: Tensor<1>,
+    /// Number of tokens capped by the dual clip.
+    pub clip_count_dual: Tensor<1>,
+    /// Number of masked tokens.
+    pub valid_tokens: Tensor<1>,
+    /// Number of masked tokens with a negative advantage.
+    pub neg_adv_tokens: Tensor<1>,
+    /// The importance ratio per token (detached), read with
+    /// [`valid_ratios`](PolicyLossMetrics::valid_ratios).
+    pub ratios: Tensor<2>,
+    /// The response mask the loss used.
+    pub mask: Tensor<2>,
     /// `mean(log μ − log πθ)`: k1 estimate of KL(μ‖πθ), a staleness gauge.
     pub approx_kl: Tensor<1>,
+    /// `mean |log πθ − log μ|` (unclamped) over masked tokens (what verl's KL-Cov reports).
+    pub mean_abs_log_ratio: Tensor<1>,
     /// Smallest importance ratio over masked tokens.
     pub ratio_min: Tensor<1>,
     /// Mean importance ratio over masked tokens.
@@ -372,8 +457,20 @@ pub struct MetricValues {
     pub clip_frac_high: f64,
     /// See [`PolicyLossMetrics::clip_frac_dual`].
     pub clip_frac_dual: f64,
+    /// See [`PolicyLossMetrics::clip_count_low`].
+    pub clip_count_low: f64,
+    /// See [`PolicyLossMetrics::clip_count_high`].
+    pub clip_count_high: f64,
+    /// See [`PolicyLossMetrics::clip_count_dual`].
+    pub clip_count_dual: f64,
+    /// See [`PolicyLossMetrics::valid_tokens`].
+    pub valid_tokens: f64,
+    /// See [`PolicyLossMetrics::neg_adv_tokens`].
+    pub neg_adv_tokens: f64,
     /// See [`PolicyLossMetrics::approx_kl`].
     pub approx_kl: f64,
+    /// See [`PolicyLossMetrics::mean_abs_log_ratio`].
+    pub mean_abs_log_ratio: f64,
     /// See [`PolicyLossMetrics::ratio_min`].
     pub ratio_min: f64,
     /// See [`PolicyLossMetrics::ratio_mean`].
@@ -398,11 +495,17 @@ impl PolicyLossMetrics {
             self.ratio_min.clone(),
             self.ratio_mean.clone(),
             self.ratio_max.clone(),
+            self.clip_count_low.clone(),
+            self.clip_count_high.clone(),
+            self.clip_count_dual.clone(),
+            self.valid_tokens.clone(),
+            self.neg_adv_tokens.clone(),
+            self.mean_abs_log_ratio.clone(),
         ];
         parts.extend(self.kl.clone());
         parts.extend(self.entropy.clone());
         let v = to_host(&Tensor::cat(parts, 0))?;
-        let mut extra = v[8..].iter().copied();
+        let mut extra = v[14..].iter().copied();
         Ok(MetricValues {
             pg_loss: v[0],
             clip_frac_low: v[1],
@@ -412,9 +515,29 @@ impl PolicyLossMetrics {
             ratio_min: v[5],
             ratio_mean: v[6],
             ratio_max: v[7],
+            clip_count_low: v[8],
+            clip_count_high: v[9],
+            clip_count_dual: v[10],
+            valid_tokens: v[11],
+            neg_adv_tokens: v[12],
+            mean_abs_log_ratio: v[13],
             kl: self.kl.as_ref().and_then(|_| extra.next()),
             entropy: self.entropy.as_ref().and_then(|_| extra.next()),
         })
+    }
+
+    /// The importance ratios of the masked tokens, sorted ascending (for quantiles).
+    pub fn valid_ratios(&self) -> Result<Vec<f64>> {
+        let r = to_host(&self.ratios)?;
+        let m = to_host(&self.mask)?;
+        let mut v: Vec<f64> = r
+            .into_iter()
+            .zip(m)
+            .filter(|(_, m)| *m > 0.5)
+            .map(|(r, _)| r)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        Ok(v)
     }
 }
 
@@ -498,12 +621,23 @@ fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLossOutput> {
     let pad = valid(mask).bool_not();
     let pg_loss = pg_loss.detach();
     let zero = || pg_loss.zeros_like();
+    let [count_low, count_high, count_dual] = terms
+        .clip_counts
+        .unwrap_or_else(|| [zero(), zero(), zero()]);
     let metrics = PolicyLossMetrics {
         pg_loss: pg_loss.clone(),
         clip_frac_low: terms.clip_frac_low.unwrap_or_else(zero),
         clip_frac_high: terms.clip_frac_high.unwrap_or_else(zero),
         clip_frac_dual: terms.clip_frac_dual.unwrap_or_else(zero),
+        clip_count_low: count_low,
+        clip_count_high: count_high,
+        clip_count_dual: count_dual,
+        valid_tokens: masked_sum(mask.ones_like(), mask).detach(),
+        neg_adv_tokens: ctx.count(input.advantages.clone().lower_elem(0.0)),
+        ratios: ratio.clone(),
+        mask: mask.clone(),
         approx_kl: masked_mean(d.neg(), mask),
+        mean_abs_log_ratio: masked_mean(ctx.token_log_ratio().detach().abs(), mask),
         ratio_min: ratio.clone().mask_fill(pad.clone(), f64::INFINITY).min(),
         ratio_mean: masked_mean(ratio.clone(), mask),
         ratio_max: ratio.mask_fill(pad, f64::NEG_INFINITY).max(),
@@ -618,6 +752,45 @@ mod tests {
         );
         let g = to_host(&lp.grad(&out.loss.backward()).unwrap()).unwrap();
         assert!(g.iter().all(|x| x.is_finite()));
+    }
+
+    /// The CTPO authors' cumulative ratio: per-token log-ratios clamped at ±20 before the sum,
+    /// the sum capped at 10 (value e^10, zero gradient there), the gradient of the current token
+    /// only; `FullPrefix` sends each token's gradient to its whole prefix.
+    #[test]
+    fn cumulative_ratio_is_capped_and_passes_the_current_token_gradient() {
+        let dev = Device::flex().autodiff();
+        // Row 0: log-ratios 6, 6, 0.5 → cumulative 6, 12 (capped), 12.5 (capped).
+        // Row 1: log-ratio -25 (clamped to -20 in the value), then 0.1, 0.1.
+        let lp = t2(vec![6.0, 6.0, 0.5, -25.0, 0.1, 0.1], 2, 3, &dev).require_grad();
+        let old = t2(vec![0.0; 6], 2, 3, &dev);
+        // A < 0 on row 0 (large ratios stay unclipped), A > 0 on row 1 (small ones do).
+        let adv = t2(vec![-1.0, -1.0, -1.0, 1.0, 1.0, 1.0], 2, 3, &dev);
+        let mask = t2(vec![1.0; 6], 2, 3, &dev);
+        let input = PolicyLossInput::new(lp.clone(), old, adv, mask);
+        let registry = LossRegistry::with_builtins();
+        let cfg = PolicyLossConfig::new().with_ratio_level(RatioLevel::Cumulative);
+        let out = registry.compute("ppo", &input, &cfg).unwrap();
+        let ratios = out.metrics.valid_ratios().unwrap();
+        assert!((ratios[5] - 10f64.exp()).abs() < 1e-6 && (ratios[4] - 10f64.exp()).abs() < 1e-6);
+        assert!((ratios[0] - (-20f64).exp()).abs() < 1e-20, "{ratios:?}");
+        let g = to_host(&lp.grad(&out.loss.backward()).unwrap()).unwrap();
+        // token-mean over 6 tokens of -A·r: d/dlp_t = -A_t·r_t / 6 where not capped.
+        assert!((g[0] - 6f64.exp() / 6.0).abs() < 1e-9, "{g:?}");
+        assert_eq!((g[1], g[2]), (0.0, 0.0), "capped tokens get no gradient");
+        assert!((g[3] + (-20f64).exp() / 6.0).abs() < 1e-20, "{g:?}");
+        let r5 = (-19.8f64).exp();
+        assert!((g[5] + r5 / 6.0).abs() < 1e-20);
+
+        let full = cfg.with_cumulative_gradient(CumulativeGradient::FullPrefix);
+        let out = registry.compute("ppo", &input, &full).unwrap();
+        let gf = to_host(&lp.grad(&out.loss.backward()).unwrap()).unwrap();
+        // Row 1 (no cap): token 4's gradient also carries token 5's; the clamped token none.
+        assert!(
+            (gf[4] + ((-19.9f64).exp() + r5) / 6.0).abs() < 1e-20,
+            "{gf:?}"
+        );
+        assert_eq!(gf[3], 0.0);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Name → loss registry, with algorithm presets (`grpo`, `dr_grpo`, `dapo`, ...).
 
 use super::{
-    Cispo, ClippedSurrogate, Dro, GeoMean, Gpg, PolicyLoss, PolicyLossConfig, PolicyLossInput,
-    PolicyLossOutput, Reinforce, Sapo,
+    Cispo, ClipCov, ClippedSurrogate, Dppo, DppoDivergence, Dro, GeoMean, Gpg, KlCov, PolicyLoss,
+    PolicyLossConfig, PolicyLossInput, PolicyLossOutput, Reinforce, ReinforceIs, Sapo,
 };
 use crate::advantage::AdvantageEstimator;
 use crate::aggregation::LossAggregation;
@@ -90,7 +90,8 @@ impl LossRegistry {
     }
 
     /// The built-in losses (`ppo`, `gspo`, `cispo`, `ctpo`, `geo_mean`, `gpg`, `reinforce`,
-    /// `dro`, `sapo`) and presets (`grpo`, `dr_grpo`, `dapo`).
+    /// `reinforce_is`, `dro`, `sapo`, `clip_cov`, `kl_cov`, `dppo_tv`, `dppo_kl`) and presets
+    /// (`grpo`, `dr_grpo`, `dapo`).
     pub fn with_builtins() -> Self {
         use LossAggregation::*;
         let mut r = Self::empty();
@@ -113,8 +114,23 @@ impl LossRegistry {
         r.register("geo_mean", GeoMean);
         r.register("gpg", Gpg);
         r.register("reinforce", Reinforce);
+        r.register("reinforce_is", ReinforceIs);
         r.register("dro", Dro);
         r.register("sapo", Sapo);
+        r.register("clip_cov", ClipCov);
+        r.register("kl_cov", KlCov);
+        r.register(
+            "dppo_tv",
+            Dppo {
+                divergence: DppoDivergence::TotalVariation,
+            },
+        );
+        r.register(
+            "dppo_kl",
+            Dppo {
+                divergence: DppoDivergence::BinaryKl,
+            },
+        );
         let presets = [
             Preset::new("ppo", "ppo").with_advantage(AdvantageEstimator::Gae {
                 gamma: 1.0,
@@ -132,6 +148,9 @@ impl LossRegistry {
             Preset::new("geo_mean", "geo_mean")
                 .with(|c| c.with_clip_ratio_low(0.4).with_clip_ratio_high(0.4)),
             Preset::new("sapo", "sapo").with(|c| c.with_aggregation(SeqMeanTokenMean)),
+            // verl's effective default: ratio truncated at clip_ratio_c = 3.
+            Preset::new("dppo_tv", "dppo_tv").with(|c| c.with_dual_clip(Some(3.0))),
+            Preset::new("dppo_kl", "dppo_kl").with(|c| c.with_dual_clip(Some(3.0))),
             // DeepSeekMath GRPO: PPO clip, per-sequence token mean, k3 KL in the loss.
             Preset::new("grpo", "ppo").with(|c| {
                 c.with_aggregation(SeqMeanTokenMean)
@@ -201,6 +220,11 @@ impl LossRegistry {
             .get(&preset.loss)
             .cloned()
             .ok_or_else(|| self.unknown("policy loss", &preset.loss, false))
+    }
+
+    /// Whether the loss that `name` runs is batch-coupled (see [`PolicyLoss::batch_coupled`]).
+    pub fn is_batch_coupled(&self, name: &str) -> Result<bool> {
+        Ok(self.get(name)?.batch_coupled())
     }
 
     /// Runs the loss `name` with `config` (not the preset's: pass `resolve(name)?.config`,
