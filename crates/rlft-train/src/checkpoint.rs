@@ -22,6 +22,9 @@ pub struct TrainerState {
     pub sft_done: bool,
     /// The recipe the run uses (TOML).
     pub recipe: String,
+    /// The adaptive KL controller's current β (absent without one, or before its first step).
+    #[serde(default)]
+    pub kl_coef: Option<f64>,
 }
 
 /// Names of the files in a checkpoint folder.
@@ -158,6 +161,7 @@ mod tests {
             bad_in_row: 0,
             sft_done: true,
             recipe: String::new(),
+            kl_coef: None,
         };
         for step in [2, 4, 6] {
             save(&out, &state(step), 2, |d| {

@@ -8,7 +8,9 @@
 //! `metrics.jsonl`, a progress bar and plots.
 
 pub mod checkpoint;
+pub mod correction;
 pub mod metrics;
+pub mod offpolicy;
 pub mod optim;
 pub mod plot;
 pub mod recipe;

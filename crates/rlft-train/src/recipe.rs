@@ -2,6 +2,7 @@
 //! overrides, merged with the `config` crate into serde structs. Unknown keys are rejected naming
 //! the nearest valid key; every value is range-checked before any model is loaded.
 
+use crate::correction::{CorrectionSection, RatioReference};
 use crate::{Result, TrainError};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -245,6 +246,15 @@ pub struct AlgorithmSection {
     pub value_coef: f64,
     /// Value clip range.
     pub value_clip: f64,
+    /// What a cumulative-ratio loss (CTPO) measures its ratio against: `proximal` (π_old) or
+    /// `behaviour` (μ).
+    pub ratio_reference: RatioReference,
+    /// Adaptive KL controller: the target KL (with `kl_horizon`; `kl_coef` is β's start).
+    pub kl_target: Option<f64>,
+    /// Adaptive KL controller: samples over which β may change by ±20 %.
+    pub kl_horizon: Option<f64>,
+    /// `[algorithm.correction]`: the ratio's anchor and the off-policy correction.
+    pub correction: CorrectionSection,
 }
 
 impl Default for AlgorithmSection {
@@ -272,6 +282,10 @@ impl Default for AlgorithmSection {
             lam: 0.95,
             value_coef: 0.5,
             value_clip: 0.2,
+            ratio_reference: RatioReference::Proximal,
+            kl_target: None,
+            kl_horizon: None,
+            correction: CorrectionSection::default(),
         }
     }
 }
@@ -516,8 +530,10 @@ impl Recipe {
             .try_deserialize()
             .map_err(|e| TrainError::Recipe(format!("{}: {e}", path.display())))?;
         let value = lowercase_keys_checked(value, &serde_json::to_value(Recipe::default())?, "")?;
-        let recipe: Recipe = serde_json::from_value(value)
-            .map_err(|e| TrainError::Recipe(format!("{}: {e}", path.display())))?;
+        // The path of a value that does not fit (an unknown enum name, a wrong type) is named.
+        let recipe: Recipe = serde_path_to_error::deserialize(value).map_err(|e| {
+            TrainError::Recipe(format!("{}: {}: {}", path.display(), e.path(), e.inner()))
+        })?;
         recipe.validate()?;
         Ok(recipe)
     }

@@ -1,14 +1,17 @@
 //! The synchronous RL loop.
 //!
 //! Per step: sample prompts → G rollouts each (policy version = step) → rewards (+ DAPO overlong
-//! shaping) → DAPO dynamic sampling → advantages → π_old log-probs (μ reused when the batch is
-//! used for one update, recomputed otherwise) → reference log-probs → `ppo_epochs` ×
-//! `mini_batches` optimiser steps, each accumulating micro-batch gradients under global token
-//! normalisation → metrics, eval, checkpoint. Every random choice is a function of
+//! shaping) → DAPO dynamic sampling → π_old log-probs where the correction mode needs them
+//! ([`crate::correction`]; μ is kept either way) → reference log-probs → advantages → the
+//! decoupled correction against μ → `ppo_epochs` × `mini_batches` optimiser steps, each
+//! accumulating micro-batch gradients under global token normalisation (bypass corrects each
+//! micro-batch) → metrics, eval, checkpoint. Every random choice is a function of
 //! `(seed, step)`, so a resumed run repeats an uninterrupted one exactly.
 
 use crate::checkpoint::{self, TrainerState};
+use crate::correction::{CorrectionMode, RatioReference};
 use crate::metrics::{MetricsLog, StepMetrics};
+use crate::offpolicy::{OffPolicy, StepDiagnostics};
 use crate::optim::FusedAdamWConfig;
 use crate::recipe::Recipe;
 use crate::{Result, TrainError, host, io_err};
@@ -18,7 +21,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 use rayon::prelude::*;
 use rlft_algo::advantage::{AdvantageEstimator, AdvantageInput};
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
-use rlft_algo::kl::{KlEstimator, kl_penalty};
+use rlft_algo::kl::{AdaptiveKlController, KlEstimator, kl_penalty};
 use rlft_algo::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
 use rlft_algo::ratio::RatioLevel;
 use rlft_algo::shaping::OverlongPenalty;
@@ -55,6 +58,10 @@ pub struct ResolvedAlgorithm {
     pub config: PolicyLossConfig,
     /// Advantage estimator.
     pub advantage: AdvantageEstimator,
+    /// The ratio's anchor and the off-policy correction.
+    pub offpolicy: OffPolicy,
+    /// The adaptive KL controller (`kl_target`, `kl_horizon`), starting at `kl_coef`.
+    pub kl_control: Option<AdaptiveKlController>,
 }
 
 /// Resolves `[algorithm]` against `registry` (also run by [`Recipe::validate_with`]).
@@ -111,10 +118,73 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
             ));
         }
     }
+    if advantage.needs_reward_baselines() {
+        return Err(TrainError::Recipe(
+            "algorithm.advantage = 'remax' needs the reward of a greedy response per prompt, \
+             which the trainer does not generate; use it through the library \
+             (AdvantageInput::with_reward_baselines) or choose grpo, rloo, opo, gpg, ..."
+                .into(),
+        ));
+    }
+    let correction = a.correction.resolve()?;
+    let mode = a.correction.mode;
+    if mode == CorrectionMode::Bypass && recipe.model.critic {
+        return Err(TrainError::Recipe(
+            "algorithm.correction.mode: \"bypass\" skips the π_old pass that gives a critic its \
+             old values (model.critic = true); use mode = \"decoupled\" or \"recompute\", or \
+             drop the critic"
+                .into(),
+        ));
+    }
+    if a.ratio_reference == RatioReference::Behaviour {
+        if c.ratio_level != RatioLevel::Cumulative {
+            return Err(TrainError::Recipe(format!(
+                "algorithm.ratio_reference: \"behaviour\" applies to cumulative-ratio losses \
+                 (ratio_level = \"cumulative\", e.g. loss = \"ctpo\"), not a {} ratio; remove it \
+                 or set ratio_level = \"cumulative\"",
+                c.ratio_level
+            )));
+        }
+        if mode == CorrectionMode::Decoupled {
+            return Err(TrainError::Recipe(
+                "algorithm.ratio_reference: \"behaviour\" with mode = \"decoupled\" would count \
+                 π_prox/μ twice (in the ratio and in the IS weights); use \"proximal\" or \
+                 mode = \"bypass\""
+                    .into(),
+            ));
+        }
+    }
+    let kl_control = match (a.kl_target, a.kl_horizon) {
+        (None, None) => None,
+        (Some(target), Some(horizon)) => Some(
+            AdaptiveKlController::new(a.kl_coef, target, horizon).map_err(|e| {
+                TrainError::Recipe(format!(
+                    "algorithm.kl_target / kl_horizon / kl_coef (β's start): {e}"
+                ))
+            })?,
+        ),
+        _ => {
+            return Err(TrainError::Recipe(
+                "algorithm.kl_target and algorithm.kl_horizon select the adaptive KL controller \
+                 together: set both (and kl_coef > 0, β's start) or neither"
+                    .into(),
+            ));
+        }
+    };
+    let offpolicy = OffPolicy {
+        mode,
+        correction,
+        ratio_reference: a.ratio_reference,
+        bypass_applies_weights: !registry
+            .uses_importance_ratio(&a.loss)
+            .map_err(|e| TrainError::Recipe(format!("algorithm.loss: {e}")))?,
+    };
     Ok(ResolvedAlgorithm {
         loss: a.loss.clone(),
         config: c,
         advantage,
+        offpolicy,
+        kl_control,
     })
 }
 
@@ -173,7 +243,12 @@ struct Row {
     ids: Vec<i64>,
     prompt_len: usize,
     mask: Vec<f32>,
+    /// The ratio's anchor: μ, π_old or π_prox (see [`OffPolicy`]).
     old_lp: Vec<f32>,
+    /// μ: the behaviour log-probs the sampler recorded.
+    behaviour_lp: Vec<f32>,
+    /// Decoupled mode: IS weights of π_prox against μ.
+    is_w: Option<Vec<f32>>,
     ref_lp: Option<Vec<f32>>,
     adv: Vec<f32>,
     old_values: Option<Vec<f32>>,
@@ -328,6 +403,7 @@ impl Trainer {
             bad_in_row: 0,
             sft_done: false,
             recipe: toml::to_string(&recipe).unwrap_or_default(),
+            kl_coef: None,
         };
         let mut trainer = Self {
             env: task.environment(),
@@ -530,6 +606,8 @@ impl Trainer {
                     prompt_len: prompt.len(),
                     mask,
                     old_lp: vec![0.0; n],
+                    behaviour_lp: vec![0.0; n],
+                    is_w: None,
                     ref_lp: None,
                     adv: vec![0.0; n],
                     old_values: None,
@@ -736,6 +814,13 @@ impl Trainer {
         let r = self.recipe.rollout.clone();
         // Reward statistics over every scored trajectory (before shaping).
         let trajs: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
+        // A group is stale when any of its tokens came from an older policy than the learner's.
+        let stale = trajs.iter().any(|t| t.version < step as u64);
+        let beta = self.beta();
+        if a.kl_placement == "loss" {
+            self.algo.config.kl_coef = beta;
+        }
+        let mut diag = StepDiagnostics::default();
         let scored: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
         let (mean, std) = mean_std(&scored);
         let acc = if trajs.is_empty() {
@@ -774,6 +859,8 @@ impl Trainer {
                         .map(|&m| if filter { 0.0 } else { f32::from(m) })
                         .collect(),
                     old_lp: t.behaviour_logprobs.clone(),
+                    behaviour_lp: t.behaviour_logprobs.clone(),
+                    is_w: None,
                     ref_lp: None,
                     adv: Vec::new(),
                     old_values: None,
@@ -804,7 +891,7 @@ impl Trainer {
         m.insert("time/generate_s".into(), json!(gen_secs));
         let t_score = Instant::now();
         if !rows.is_empty() {
-            self.prepare(&mut rows, &group_ids, &rewards)?;
+            self.prepare(&mut rows, &group_ids, &rewards, stale, &mut diag)?;
         }
         m.insert(
             "time/score_s".into(),
@@ -814,7 +901,7 @@ impl Trainer {
         let stats = if rows.is_empty() {
             None
         } else {
-            Some(self.update(&rows, lr)?)
+            Some(self.update(&rows, lr, &mut diag)?)
         };
         let (clip_low, clip_high, kl, entropy, grad_norm, value_loss, bad) =
             stats.unwrap_or((0.0, 0.0, 0.0, 0.0, 0.0, None, false));
@@ -823,6 +910,13 @@ impl Trainer {
             self.state.bad_in_row += 1;
         } else {
             self.state.bad_in_row = 0;
+        }
+        diag.write(&mut m);
+        if let Some(ctrl) = &mut self.algo.kl_control {
+            // β for the next step from this step's KL, over this step's sequences (verl's rule).
+            ctrl.value = beta;
+            self.state.kl_coef = Some(ctrl.update(kl, rows.len()));
+            m.insert("kl_coef".into(), json!(beta));
         }
         m.insert("clip_frac/low".into(), json!(clip_low));
         m.insert("clip_frac/high".into(), json!(clip_high));
@@ -841,24 +935,45 @@ impl Trainer {
         Ok(m)
     }
 
-    /// Fills π_old, π_ref, values and advantages for every row.
-    fn prepare(&mut self, rows: &mut [Row], group_ids: &[u64], rewards: &[f64]) -> Result<()> {
+    /// β of the KL term: the adaptive controller's current value, else `algorithm.kl_coef`.
+    fn beta(&self) -> f64 {
+        match &self.algo.kl_control {
+            Some(c) => self.state.kl_coef.unwrap_or(c.value),
+            None => self.recipe.algorithm.kl_coef,
+        }
+    }
+
+    /// Fills π_old, π_ref, values and advantages for every row; corrects the batch against μ
+    /// where the recipe asks (decoupled) and measures the gap (whenever π_old was computed).
+    fn prepare(
+        &mut self,
+        rows: &mut [Row],
+        group_ids: &[u64],
+        rewards: &[f64],
+        stale: bool,
+        diag: &mut StepDiagnostics,
+    ) -> Result<()> {
         let a = &self.recipe.algorithm;
         let temperature = self.recipe.rollout.temperature;
         let mb = a.micro_batch_size;
         let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
+        let old_pass = self.algo.offpolicy.needs_old_pass(on_policy, stale);
         let policy = self.policy().valid();
         let critic = self.critic.as_ref().map(|c| c.valid());
+        let mut prox: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
+        let mut prox_secs = 0.0;
         for chunk in (0..rows.len()).collect::<Vec<_>>().chunks(mb) {
             let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
             let ids = self.pack(&refs);
             // Frozen (`valid()`) models live on the plain device.
             let ids_plain = ids.to_device(&self.plain);
-            if !on_policy {
+            if old_pass {
+                let t0 = Instant::now();
                 let lp = host(ids_plain.logprobs(&policy, Some(temperature))?);
                 for (k, &i) in chunk.iter().enumerate() {
-                    rows[i].old_lp = ids.unpack(&lp, k, rows[i].resp_len());
+                    prox[i] = ids.unpack(&lp, k, rows[i].resp_len());
                 }
+                prox_secs += t0.elapsed().as_secs_f64();
             }
             if let Some(reference) = &self.reference {
                 let lp = host(ids_plain.logprobs(reference, Some(temperature))?);
@@ -878,6 +993,8 @@ impl Trainer {
             }
         }
         // Advantages in the response-aligned layout [N, R_max].
+        let beta = self.beta();
+        let a = &self.recipe.algorithm;
         let n = rows.len();
         let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
         let mut tok_rewards = vec![0.0f32; n * rmax];
@@ -895,7 +1012,7 @@ impl Trainer {
                 }
             }
             if a.kl_placement == "reward"
-                && a.kl_coef > 0.0
+                && beta > 0.0
                 && let Some(r) = &row.ref_lp
             {
                 let est: KlEstimator = a.kl_estimator.parse()?;
@@ -906,7 +1023,7 @@ impl Trainer {
                     None,
                 )?;
                 for (j, kv) in host(k).iter().enumerate() {
-                    tok_rewards[i * rmax + j] -= (a.kl_coef as f32) * kv * row.mask[j];
+                    tok_rewards[i * rmax + j] -= (beta as f32) * kv * row.mask[j];
                 }
             }
         }
@@ -928,6 +1045,56 @@ impl Trainer {
                 row.returns = Some(ret[i * rmax..i * rmax + r].to_vec());
             }
         }
+        // After the advantages: rejection masks the loss, it does not move an outcome reward.
+        if old_pass {
+            diag.prox_secs = Some(prox_secs);
+            self.correct_rows(rows, prox, diag)?;
+        }
+        Ok(())
+    }
+
+    /// With π_old (π_prox) computed for every row: measures its gap to μ over the step, and in
+    /// decoupled mode corrects the batch (IS weights of π_prox against μ, rejection mask); sets
+    /// each row's anchor (π_prox, or μ for a cumulative ratio against the behaviour policy).
+    fn correct_rows(
+        &self,
+        rows: &mut [Row],
+        prox: Vec<Vec<f32>>,
+        diag: &mut StepDiagnostics,
+    ) -> Result<()> {
+        let off = &self.algo.offpolicy;
+        let n = rows.len();
+        let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
+        let mut train = vec![0.0f32; n * rmax];
+        let mut behaviour = vec![0.0f32; n * rmax];
+        let mut mask = vec![0.0f32; n * rmax];
+        for (i, row) in rows.iter().enumerate() {
+            let r = row.resp_len();
+            train[i * rmax..i * rmax + r].copy_from_slice(&prox[i]);
+            behaviour[i * rmax..i * rmax + r].copy_from_slice(&row.behaviour_lp);
+            mask[i * rmax..i * rmax + r].copy_from_slice(&row.mask);
+        }
+        let decoupled = off.mode == CorrectionMode::Decoupled;
+        let none = Default::default();
+        let config = if decoupled { &off.correction } else { &none };
+        if mask.iter().any(|m| *m > 0.5) {
+            let out = diag.correct(&train, &behaviour, &mask, [n, rmax], config)?;
+            if decoupled {
+                for (i, row) in rows.iter_mut().enumerate() {
+                    let span = i * rmax..i * rmax + row.resp_len();
+                    row.mask = out.mask[span.clone()].iter().map(|&m| m as f32).collect();
+                    row.is_w = out
+                        .weights
+                        .as_ref()
+                        .map(|w| w[span].iter().map(|&v| v as f32).collect());
+                }
+            }
+        }
+        if !off.anchors_at_behaviour() {
+            for (row, p) in rows.iter_mut().zip(prox) {
+                row.old_lp = p;
+            }
+        }
         Ok(())
     }
 
@@ -938,6 +1105,7 @@ impl Trainer {
         &mut self,
         rows: &[Row],
         lr: f64,
+        diag: &mut StepDiagnostics,
     ) -> Result<(f64, f64, f64, f64, f64, Option<f64>, bool)> {
         let a = self.recipe.algorithm.clone();
         let temperature = self.recipe.rollout.temperature;
@@ -987,15 +1155,36 @@ impl Trainer {
                 for micro in mini.chunks(a.micro_batch_size) {
                     let refs: Vec<&Row> = micro.iter().map(|&i| &rows[i]).collect();
                     let ids = self.pack(&refs);
-                    let mask = self.per_token(&ids, &refs, |r| &r.mask);
+                    let mut mask = self.per_token(&ids, &refs, |r| &r.mask);
                     let old = self.per_token(&ids, &refs, |r| &r.old_lp);
                     let adv = self.per_token(&ids, &refs, |r| &r.adv);
+                    let mut weights = refs
+                        .iter()
+                        .all(|r| r.is_w.is_some())
+                        .then(|| self.per_token(&ids, &refs, |r| r.is_w.as_deref().unwrap_or(&[])));
                     let logits = ids.response_logits(self.policy());
                     let lp = ids.rows(logprobs_from_logits(
                         logits.clone(),
                         ids.targets(),
                         Some(temperature),
                     )?);
+                    if self.algo.offpolicy.mode == CorrectionMode::Bypass {
+                        // verl's bypass: πθ (detached) against μ, the anchor, per micro-batch.
+                        let dims = mask.dims();
+                        let out = diag.correct(
+                            &host(lp.clone().detach()),
+                            &host(old.clone()),
+                            &host(mask.clone()),
+                            dims,
+                            &self.algo.offpolicy.correction,
+                        )?;
+                        let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
+                        mask = t2(&self.device, f32s(out.mask), dims[0], dims[1]);
+                        weights = out
+                            .weights
+                            .filter(|_| self.algo.offpolicy.bypass_applies_weights)
+                            .map(|w| t2(&self.device, f32s(w), dims[0], dims[1]));
+                    }
                     // Without an entropy bonus the entropy is only a metric: computed off the
                     // autodiff graph, so the backward pass neither keeps nor walks it.
                     let ent = ids.rows(if a.entropy_coef > 0.0 {
@@ -1006,6 +1195,9 @@ impl Trainer {
                     let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
                         .with_entropy(ent)
                         .with_global(global);
+                    if let Some(w) = weights {
+                        input = input.with_rollout_is_weights(w);
+                    }
                     if self.reference.is_some() {
                         let r = self.per_token(&ids, &refs, |r| r.ref_lp.as_deref().unwrap_or(&[]));
                         input = input.with_ref_log_prob(r);

@@ -195,6 +195,40 @@ fn bad_recipes_fail_before_loading_a_model() {
     );
     assert!(err(&["sft.min_lr_ratio=2.0"]).contains("sft.min_lr_ratio: must be in [0, 1], got 2"));
     assert!(err(&["task.name=\"countdown\""]).contains("only the arithmetic task"));
+    // Off-policy correction settings are checked before any model loads.
+    let e = err(&["algorithm.correction.is_level=\"token\""]);
+    assert!(
+        e.contains("algorithm.correction.is_level") && e.contains("decoupled"),
+        "{e}"
+    );
+    let e = err(&[
+        "algorithm.correction.mode=\"decoupled\"",
+        "algorithm.correction.rejection=[\"token_k7\"]",
+    ]);
+    assert!(
+        e.contains("algorithm.correction.rejection") && e.contains("token_k1"),
+        "{e}"
+    );
+    let e = err(&["algorithm.correction.mode=\"often\""]);
+    assert!(
+        e.contains("algorithm.correction.mode") && e.contains("bypass"),
+        "{e}"
+    );
+    let e = err(&[
+        "algorithm.correction.mode=\"bypass\"",
+        "model.critic=true",
+        "algorithm.advantage=\"gae\"",
+    ]);
+    assert!(e.contains("bypass") && e.contains("critic"), "{e}");
+    let e = err(&["algorithm.ratio_reference=\"behaviour\""]);
+    assert!(
+        e.contains("algorithm.ratio_reference") && e.contains("cumulative"),
+        "{e}"
+    );
+    let e = err(&["algorithm.kl_target=0.1"]);
+    assert!(e.contains("kl_horizon"), "{e}");
+    let e = err(&["algorithm.advantage=\"remax\""]);
+    assert!(e.contains("remax") && e.contains("greedy"), "{e}");
     // A missing model file is reported by the trainer, not a panic.
     let out = tmp("bad-model");
     let r = Recipe::load(
@@ -227,4 +261,145 @@ fn environment_and_set_override_the_file() {
     );
     // PyTorch's AdamW epsilon, not burn's 1e-5.
     assert_eq!(Recipe::default().optimizer.eps, 1e-8);
+}
+
+/// The quickstart, 2 steps of 2 epochs × 2 mini-batches (stale inside a step), in `mode` with
+/// extra `--set`s; returns its metrics.
+fn quickstart_metrics(tag: &str, extra: &[&str]) -> Vec<rlft_train::metrics::StepMetrics> {
+    let path = root().join("recipes/quickstart.toml");
+    let out = tmp(tag);
+    let mut o = smoke(&out, None);
+    o.extend(extra.iter().map(|s| s.to_string()));
+    Trainer::new(Recipe::load(&path, &o).unwrap(), None)
+        .unwrap()
+        .run(None)
+        .unwrap();
+    let m = rlft_train::metrics::read_metrics(&out.join("metrics.jsonl")).unwrap();
+    std::fs::remove_dir_all(&out).ok();
+    m
+}
+
+/// Every correction mode trains and reports its off-policy metrics every step.
+#[test]
+fn correction_modes_train_and_report() {
+    let stale = ["algorithm.ppo_epochs=2", "algorithm.mini_batches=2"];
+    let modes: [(&str, &[&str], &[&str]); 4] = [
+        ("auto", &[], &["offpolicy/kl", "time/prox_s"]),
+        (
+            "recompute",
+            &[],
+            &["offpolicy/k3_kl", "offpolicy/pos/cum/1-8/p50"],
+        ),
+        (
+            "decoupled",
+            &[
+                "algorithm.correction.is_level=\"token\"",
+                "algorithm.correction.is_threshold=2.0",
+                "algorithm.correction.rejection=[\"token_k1\"]",
+                "algorithm.correction.rejection_threshold=\"0.2_5.0\"",
+            ],
+            &[
+                "offpolicy/rollout_is_mean",
+                "offpolicy/rollout_rs_token_k1_masked_fraction",
+                "offpolicy/pos/token/1-8/p95",
+                "time/prox_s",
+            ],
+        ),
+        (
+            "bypass",
+            &[
+                "algorithm.correction.is_level=\"sequence\"",
+                "algorithm.correction.rejection=[\"seq_mean_k3\"]",
+                "algorithm.correction.rejection_threshold=1.0",
+            ],
+            &["offpolicy/rollout_is_eff_sample_size", "offpolicy/chi2_seq"],
+        ),
+    ];
+    for (mode, sets, keys) in modes {
+        let mut o: Vec<String> = stale.iter().map(|s| s.to_string()).collect();
+        o.push(format!("algorithm.correction.mode=\"{mode}\""));
+        o.extend(sets.iter().map(|s| s.to_string()));
+        let o: Vec<&str> = o.iter().map(String::as_str).collect();
+        let metrics = quickstart_metrics(&format!("mode-{mode}"), &o);
+        let steps: Vec<_> = metrics.iter().filter(|m| m.contains_key("kl")).collect();
+        assert_eq!(steps.len(), 2, "{mode}");
+        for m in steps {
+            assert!(m.contains_key("time/correction_s"), "{mode}");
+            for k in keys {
+                let v = m.get(*k).and_then(|v| v.as_f64());
+                assert!(v.is_some_and(f64::is_finite), "{mode}: {k} in {m:?}");
+            }
+            if mode == "bypass" {
+                assert!(!m.contains_key("time/prox_s"), "bypass runs no π_old pass");
+            }
+        }
+    }
+}
+
+/// With one update per batch nothing is stale: μ anchoring the ratio (bypass) trains as π_old
+/// does (recompute), up to the rounding between the sampler's and the learner's forward passes.
+#[test]
+fn bypass_equals_recompute_when_nothing_is_stale() {
+    let run = |mode: &str| {
+        quickstart_metrics(
+            &format!("fresh-{mode}"),
+            &[&format!("algorithm.correction.mode=\"{mode}\"")],
+        )
+    };
+    let (b, r) = (run("bypass"), run("recompute"));
+    let first = |m: &[rlft_train::metrics::StepMetrics], k: &str| {
+        m.iter()
+            .find_map(|s| s.get(k).and_then(|v| v.as_f64()))
+            .unwrap()
+    };
+    for k in [
+        "grad_norm",
+        "entropy",
+        "reward/mean",
+        "clip_frac/low",
+        "clip_frac/high",
+    ] {
+        let (x, y) = (first(&b, k), first(&r, k));
+        assert!(
+            (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+            "{k}: bypass {x} vs recompute {y}"
+        );
+    }
+    // The gap μ vs π_old that recompute measures is rounding only.
+    assert!(first(&r, "offpolicy/k3_kl").abs() < 1e-6);
+}
+
+/// `kl_target` / `kl_horizon` adapt β each step from the measured KL, and the checkpoint keeps
+/// the controller's β.
+#[test]
+fn adaptive_kl_moves_beta_and_is_checkpointed() {
+    let path = root().join("recipes/quickstart.toml");
+    let out = tmp("adaptive-kl");
+    let mut o = smoke(&out, None);
+    o.extend(
+        [
+            "algorithm.kl_coef=0.05",
+            "algorithm.kl_target=1e-6",
+            "algorithm.kl_horizon=10.0",
+            "algorithm.ppo_epochs=2",
+        ]
+        .map(String::from),
+    );
+    Trainer::new(Recipe::load(&path, &o).unwrap(), None)
+        .unwrap()
+        .run(None)
+        .unwrap();
+    let m = rlft_train::metrics::read_metrics(&out.join("metrics.jsonl")).unwrap();
+    let betas: Vec<f64> = m
+        .iter()
+        .filter_map(|s| s.get("kl_coef").and_then(|v| v.as_f64()))
+        .collect();
+    assert_eq!(betas.len(), 2);
+    assert_eq!(betas[0], 0.05);
+    // The first update moves the policy away from the reference: KL above the target, β grows
+    // (by at most 20 % × samples / horizon).
+    assert!(betas[1] > betas[0], "{betas:?}");
+    let state = checkpoint::read_state(&checkpoint::locate(&out).unwrap()).unwrap();
+    assert!(state.kl_coef.is_some_and(|b| b > betas[1]), "{state:?}");
+    std::fs::remove_dir_all(&out).ok();
 }

@@ -26,19 +26,25 @@
 //! metrics are bit-identical run to run whatever the backend; only `[batch, T]` log-probs travel.
 
 mod host;
+mod position;
 
 pub use host::{HostCorrection, correct_host};
+pub use position::{
+    BucketQuantiles, POSITION_QUANTILES, PositionQuantiles, bucket_range, position_bucket,
+};
 
 use crate::masked::{check_shape, from_host, to_host};
 use crate::{AlgoError, Result};
 use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// verl's safety bound on log-ratios before exponentiation.
 pub const SAFETY_BOUND: f64 = 20.0;
 
 /// How importance-sampling weights are aggregated over a response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum IsLevel {
     /// One weight per token (biased, low variance).
     Token,
@@ -188,7 +194,8 @@ pub enum FilterScope {
 
 /// A rejection filter: `token_k1/k2/k3`, `seq_sum_k1/k2/k3`, `seq_mean_k1/k2/k3`,
 /// `seq_max_k2/k3`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct RejectionFilter {
     /// Token or row.
     pub scope: FilterScope,
@@ -245,6 +252,27 @@ crate::error::impl_names!(
     "rejection filter",
     |s| s.trim().to_ascii_lowercase()
 );
+
+/// Text conversions for serde (`"token"`, `"seq_mean_k3"`): unknown names are errors listing
+/// the known ones.
+macro_rules! string_serde {
+    ($($ty:ty),*) => {$(
+        impl TryFrom<String> for $ty {
+            type Error = AlgoError;
+            fn try_from(s: String) -> Result<Self> {
+                s.parse()
+            }
+        }
+
+        impl From<$ty> for String {
+            fn from(v: $ty) -> String {
+                v.to_string()
+            }
+        }
+    )*};
+}
+
+string_serde!(IsLevel, RejectionFilter);
 
 /// A rejection filter's thresholds.
 #[derive(Debug, Clone, Copy, PartialEq)]

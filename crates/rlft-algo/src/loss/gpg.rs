@@ -8,6 +8,10 @@ use crate::Result;
 pub struct Gpg;
 
 impl PolicyLoss for Gpg {
+    fn uses_importance_ratio(&self) -> bool {
+        false
+    }
+
     fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms> {
         Ok(LossTerms::per_token(
             (ctx.input.advantages.clone() * ctx.input.log_prob.clone()).neg(),

@@ -380,6 +380,13 @@ pub trait PolicyLoss: Send + Sync {
         false
     }
 
+    /// Whether the loss's value carries an importance ratio `πθ / π_old`. Losses without one
+    /// (`reinforce_is`, `gpg`) take rollout IS weights as their only off-policy correction;
+    /// with μ as the anchor (bypass), a ratio-carrying loss is already corrected by its ratio.
+    fn uses_importance_ratio(&self) -> bool {
+        true
+    }
+
     /// Validates the inputs, computes [`terms`](PolicyLoss::terms), applies rollout IS weights,
     /// aggregates, and adds `β·KL(πθ‖π_ref)` and `−α·H`.
     fn compute(

@@ -227,6 +227,12 @@ impl LossRegistry {
         Ok(self.get(name)?.batch_coupled())
     }
 
+    /// Whether the loss that `name` runs carries an importance ratio (see
+    /// [`PolicyLoss::uses_importance_ratio`]).
+    pub fn uses_importance_ratio(&self, name: &str) -> Result<bool> {
+        Ok(self.get(name)?.uses_importance_ratio())
+    }
+
     /// Runs the loss `name` with `config` (not the preset's: pass `resolve(name)?.config`,
     /// adjusted, to use the preset).
     pub fn compute(

@@ -1,0 +1,304 @@
+//! `[algorithm.correction]`: which policy anchors the PPO ratio, and how the learner corrects
+//! for the gap between the behaviour policy μ that sampled a token and the policy it trains.
+//!
+//! | mode | π_old pass | the ratio's anchor | IS weights / rejection of |
+//! |---|---|---|---|
+//! | `auto` (default) | when the batch is used more than once or a group is stale | μ or π_old | — |
+//! | `recompute` | always | π_old | — |
+//! | `decoupled` (AReaL) | always (π_prox) | π_prox | π_prox against μ, once per step |
+//! | `bypass` (verl) | never | μ | πθ against μ, per micro-batch |
+
+use crate::{Result, TrainError};
+use rlft_algo::correction::{
+    CorrectionConfig, IsConfig, IsLevel, IsThreshold, Rejection, RejectionFilter,
+};
+use serde::{Deserialize, Serialize};
+
+/// Which policy anchors the PPO ratio, and whether the batch is corrected against μ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CorrectionMode {
+    /// μ is reused as π_old when the batch is used for one update and no group is stale;
+    /// otherwise π_old is recomputed. No correction.
+    #[default]
+    Auto,
+    /// π_old is always recomputed by a forward pass. No correction.
+    Recompute,
+    /// AReaL's decoupled PPO: the π_old pass gives π_prox, PPO clips πθ/π_prox, and the loss is
+    /// weighted by the IS weights of π_prox against μ (with the rejection mask).
+    Decoupled,
+    /// verl's bypass mode: no π_old pass, μ anchors the ratio; IS weights and rejection of πθ
+    /// against μ, computed per micro-batch (weights multiply the loss only for losses without an
+    /// importance ratio, such as `reinforce_is`: a ratio against μ already carries them).
+    Bypass,
+}
+
+/// What the cumulative ratio of a cumulative-ratio loss (CTPO) is taken against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RatioReference {
+    /// π_old (μ where μ is reused): the default.
+    #[default]
+    Proximal,
+    /// μ, the policy that sampled the tokens: the ratio measures the whole gap since sampling.
+    Behaviour,
+}
+
+/// A threshold as a number (`2.0`) or text (`"0.5_5.0"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ThresholdSpec {
+    /// One number.
+    Number(f64),
+    /// A number or a band `"<lower>_<upper>"`, as text.
+    Text(String),
+}
+
+impl ThresholdSpec {
+    fn text(&self) -> String {
+        match self {
+            ThresholdSpec::Number(v) => v.to_string(),
+            ThresholdSpec::Text(s) => s.clone(),
+        }
+    }
+}
+
+/// One threshold for every rejection filter, or one per filter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Thresholds {
+    /// Shared by all filters.
+    One(ThresholdSpec),
+    /// Aligned with `rejection`.
+    Many(Vec<ThresholdSpec>),
+}
+
+/// `[algorithm.correction]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CorrectionSection {
+    /// `auto`, `recompute`, `decoupled` or `bypass`.
+    pub mode: CorrectionMode,
+    /// IS weights: `token`, `sequence` or `geometric` (unset: none).
+    pub is_level: Option<IsLevel>,
+    /// One number truncates the weights (TIS); `"<lower>_<upper>"` zeroes those outside (IcePop).
+    pub is_threshold: ThresholdSpec,
+    /// Divide the weights by their mean over the step's batch (decoupled only).
+    pub is_batch_normalize: bool,
+    /// Rejection filters, all of which must pass (`token_k1`, `seq_mean_k3`, ...).
+    pub rejection: Vec<RejectionFilter>,
+    /// One threshold for all filters, or a list aligned with `rejection`.
+    pub rejection_threshold: Thresholds,
+}
+
+impl Default for CorrectionSection {
+    fn default() -> Self {
+        Self {
+            mode: CorrectionMode::Auto,
+            is_level: None,
+            is_threshold: ThresholdSpec::Number(2.0),
+            is_batch_normalize: false,
+            rejection: Vec::new(),
+            rejection_threshold: Thresholds::Many(Vec::new()),
+        }
+    }
+}
+
+fn bad(key: &str, msg: impl Into<String>) -> TrainError {
+    TrainError::Recipe(format!("algorithm.correction.{key}: {}", msg.into()))
+}
+
+impl CorrectionSection {
+    /// The IS / rejection settings, checked: every error names its key and the fix.
+    pub fn resolve(&self) -> Result<CorrectionConfig> {
+        let corrects = matches!(
+            self.mode,
+            CorrectionMode::Decoupled | CorrectionMode::Bypass
+        );
+        let wants =
+            self.is_level.is_some() || !self.rejection.is_empty() || self.is_batch_normalize;
+        if wants && !corrects {
+            return Err(bad(
+                if self.is_level.is_some() {
+                    "is_level"
+                } else if self.rejection.is_empty() {
+                    "is_batch_normalize"
+                } else {
+                    "rejection"
+                },
+                format!(
+                    "IS weights and rejection filters correct against the behaviour policy, which \
+                     mode = \"{}\" does not do; set mode = \"decoupled\" or \"bypass\", or remove them",
+                    serde_json::to_value(self.mode)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        if self.is_batch_normalize && self.mode == CorrectionMode::Bypass {
+            return Err(bad(
+                "is_batch_normalize",
+                "bypass computes its weights per micro-batch, so there is no step batch to \
+                 normalise over; use mode = \"decoupled\" or set it to false",
+            ));
+        }
+        if self.is_batch_normalize && self.is_level.is_none() {
+            return Err(bad(
+                "is_batch_normalize",
+                "normalises IS weights: set is_level too, or set it to false",
+            ));
+        }
+        let mut config = CorrectionConfig::default();
+        if let Some(level) = self.is_level {
+            let threshold: IsThreshold = self
+                .is_threshold
+                .text()
+                .parse()
+                .map_err(|e| bad("is_threshold", format!("{e}")))?;
+            config.is = Some(IsConfig {
+                level,
+                threshold,
+                batch_normalize: self.is_batch_normalize,
+            });
+        }
+        if !self.rejection.is_empty() {
+            let specs: Vec<String> = match &self.rejection_threshold {
+                Thresholds::One(t) => vec![t.text()],
+                Thresholds::Many(v) => v.iter().map(ThresholdSpec::text).collect(),
+            };
+            if specs.is_empty() {
+                return Err(bad(
+                    "rejection_threshold",
+                    "the rejection filters need thresholds: one for all (e.g. 2.0 or \"0.5_2.0\") \
+                     or a list aligned with `rejection`",
+                ));
+            }
+            if specs.len() != 1 && specs.len() != self.rejection.len() {
+                return Err(bad(
+                    "rejection_threshold",
+                    format!(
+                        "{} thresholds for {} filters: give one for all, or exactly {} (one per \
+                         filter in `rejection`)",
+                        specs.len(),
+                        self.rejection.len(),
+                        self.rejection.len()
+                    ),
+                ));
+            }
+            let mut seen = Vec::new();
+            for (k, filter) in self.rejection.iter().enumerate() {
+                if seen.contains(filter) {
+                    return Err(bad(
+                        "rejection",
+                        format!("'{filter}' is listed twice; list each filter once"),
+                    ));
+                }
+                seen.push(*filter);
+                let spec = &specs[if specs.len() == 1 { 0 } else { k }];
+                let bounds = filter
+                    .bounds(spec)
+                    .map_err(|e| bad("rejection_threshold", format!("{e}")))?;
+                config.rejection.push(Rejection {
+                    filter: *filter,
+                    bounds,
+                });
+            }
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(toml_text: &str) -> std::result::Result<CorrectionSection, String> {
+        let v: toml::Value = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        let json = serde_json::to_value(v).map_err(|e| e.to_string())?;
+        serde_json::from_value(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn settings_resolve_to_the_correction() {
+        let s = section(
+            r#"
+            mode = "decoupled"
+            is_level = "sequence"
+            is_threshold = "0.5_5.0"
+            rejection = ["token_k1", "seq_mean_k3"]
+            rejection_threshold = ["0.5_2.0", 0.1]
+            "#,
+        )
+        .unwrap();
+        let c = s.resolve().unwrap();
+        let is = c.is.unwrap();
+        assert_eq!(is.level, IsLevel::Sequence);
+        assert_eq!(
+            is.threshold,
+            IsThreshold::Mask {
+                lower: 0.5,
+                upper: 5.0
+            }
+        );
+        assert_eq!(c.rejection.len(), 2);
+        assert_eq!(c.rejection[1].filter.to_string(), "seq_mean_k3");
+    }
+
+    #[test]
+    fn bad_settings_name_the_key_and_the_fix() {
+        let err = |t: &str| {
+            section(t)
+                .map_err(TrainError::Recipe)
+                .and_then(|s| s.resolve())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(r#"is_level = "token""#);
+        assert!(
+            e.contains("algorithm.correction.is_level") && e.contains("decoupled"),
+            "{e}"
+        );
+        let e = err(r#"mode = "recompute"
+rejection = ["token_k2"]
+rejection_threshold = 1.0"#);
+        assert!(
+            e.contains("algorithm.correction.rejection") && e.contains("bypass"),
+            "{e}"
+        );
+        let e = err(r#"mode = "bypass"
+is_level = "token"
+is_batch_normalize = true"#);
+        assert!(
+            e.contains("is_batch_normalize") && e.contains("decoupled"),
+            "{e}"
+        );
+        let e = err(r#"mode = "decoupled"
+is_level = "token"
+is_threshold = 0"#);
+        assert!(e.contains("is_threshold") && e.contains("> 0"), "{e}");
+        let e = err(r#"mode = "decoupled"
+is_level = "token"
+is_threshold = "5_0.5""#);
+        assert!(
+            e.contains("is_threshold") && e.contains("lower bound is above"),
+            "{e}"
+        );
+        let e = err(r#"mode = "decoupled"
+rejection = ["token_k2", "seq_sum_k3"]
+rejection_threshold = [1.0, 2.0, 3.0]"#);
+        assert!(
+            e.contains("rejection_threshold") && e.contains("exactly 2"),
+            "{e}"
+        );
+        let e = err(r#"mode = "decoupled"
+rejection = ["token_k2"]"#);
+        assert!(e.contains("rejection_threshold"), "{e}");
+        let e = err(r#"mode = "decoupled"
+rejection = ["token_k9"]
+rejection_threshold = 1.0"#);
+        assert!(e.contains("token_k9") && e.contains("seq_mean_k3"), "{e}");
+        let e = err(r#"mode = "sometimes""#);
+        assert!(e.contains("sometimes") && e.contains("decoupled"), "{e}");
+    }
+}

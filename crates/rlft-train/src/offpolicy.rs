@@ -1,0 +1,159 @@
+//! The learner's off-policy correction and its metrics for one step: the anchor of the ratio
+//! (see [`crate::correction`]), the correction of response-aligned host batches against μ, and
+//! the `offpolicy/*` metrics (verl's keys, token-weighted over the step, and the
+//! position-resolved quantiles).
+
+use crate::Result;
+use crate::correction::{CorrectionMode, RatioReference};
+use crate::metrics::StepMetrics;
+use rlft_algo::correction::{CorrectionConfig, HostCorrection, PositionQuantiles, correct_host};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// What the recipe asks of the learner for stale samples, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OffPolicy {
+    /// Which policy anchors the ratio.
+    pub mode: CorrectionMode,
+    /// IS weights and rejection (decoupled and bypass only).
+    pub correction: CorrectionConfig,
+    /// What a cumulative ratio is taken against.
+    pub ratio_reference: RatioReference,
+    /// In bypass: whether IS weights multiply the loss (losses without an importance ratio).
+    pub bypass_applies_weights: bool,
+}
+
+impl OffPolicy {
+    /// Whether the step needs a π_old (π_prox) forward pass: `on_policy` when the batch is used
+    /// for one update, `stale` when a group was sampled by an older policy.
+    pub fn needs_old_pass(&self, on_policy: bool, stale: bool) -> bool {
+        match self.mode {
+            CorrectionMode::Bypass => false,
+            CorrectionMode::Recompute | CorrectionMode::Decoupled => true,
+            // Against μ the cumulative ratio needs no π_old.
+            CorrectionMode::Auto => {
+                self.ratio_reference == RatioReference::Proximal && (!on_policy || stale)
+            }
+        }
+    }
+
+    /// Whether the loss anchors its ratio at μ (bypass, or a cumulative ratio against μ).
+    pub fn anchors_at_behaviour(&self) -> bool {
+        self.mode == CorrectionMode::Bypass || self.ratio_reference == RatioReference::Behaviour
+    }
+}
+
+/// The step's off-policy metrics, accumulated over the batches they come from.
+#[derive(Debug, Default)]
+pub struct StepDiagnostics {
+    sums: BTreeMap<String, f64>,
+    tokens: f64,
+    positions: PositionQuantiles,
+    /// Seconds spent correcting and measuring.
+    pub correction_secs: f64,
+    /// Seconds of the π_old / π_prox forward pass.
+    pub prox_secs: Option<f64>,
+}
+
+impl StepDiagnostics {
+    /// Corrects a row-major `[rows, cols]` response-aligned batch of `train` log-probs against
+    /// `behaviour`, and adds its metrics (weighted by its valid tokens) and log-ratios by
+    /// position to the step's.
+    pub fn correct(
+        &mut self,
+        train: &[f32],
+        behaviour: &[f32],
+        mask: &[f32],
+        dims: [usize; 2],
+        config: &CorrectionConfig,
+    ) -> Result<HostCorrection> {
+        let t0 = Instant::now();
+        let f = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+        let (train, behaviour, mask) = (f(train), f(behaviour), f(mask));
+        let out = correct_host(&train, &behaviour, &mask, dims, config)?;
+        let tokens: f64 = mask.iter().filter(|m| **m > 0.5).sum();
+        for (k, v) in &out.metrics {
+            *self.sums.entry(k.clone()).or_insert(0.0) += v * tokens;
+        }
+        self.tokens += tokens;
+        let log_ratio: Vec<f64> = train.iter().zip(&behaviour).map(|(t, b)| t - b).collect();
+        self.positions.add(&log_ratio, &mask, dims);
+        self.correction_secs += t0.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
+    /// Writes `offpolicy/<key>` (token-weighted means over the step), the position quantiles
+    /// `offpolicy/pos/...`, `time/correction_s` and `time/prox_s`.
+    pub fn write(&self, m: &mut StepMetrics) {
+        let t0 = Instant::now();
+        if self.tokens > 0.0 {
+            for (k, v) in &self.sums {
+                m.insert(format!("offpolicy/{k}"), json!(v / self.tokens));
+            }
+        }
+        for (k, v) in self.positions.metrics() {
+            m.insert(format!("offpolicy/{k}"), json!(v));
+        }
+        let secs = self.correction_secs + t0.elapsed().as_secs_f64();
+        m.insert("time/correction_s".into(), json!(secs));
+        if let Some(p) = self.prox_secs {
+            m.insert("time/prox_s".into(), json!(p));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlft_algo::correction::{IsConfig, IsLevel, IsThreshold};
+
+    fn plan(mode: CorrectionMode) -> OffPolicy {
+        OffPolicy {
+            mode,
+            correction: CorrectionConfig::default(),
+            ratio_reference: RatioReference::Proximal,
+            bypass_applies_weights: false,
+        }
+    }
+
+    #[test]
+    fn which_modes_run_the_old_pass() {
+        let auto = plan(CorrectionMode::Auto);
+        assert!(!auto.needs_old_pass(true, false));
+        assert!(auto.needs_old_pass(false, false) && auto.needs_old_pass(true, true));
+        assert!(plan(CorrectionMode::Recompute).needs_old_pass(true, false));
+        assert!(plan(CorrectionMode::Decoupled).needs_old_pass(true, false));
+        assert!(!plan(CorrectionMode::Bypass).needs_old_pass(false, true));
+        let behaviour = OffPolicy {
+            ratio_reference: RatioReference::Behaviour,
+            ..auto
+        };
+        assert!(!behaviour.needs_old_pass(false, true) && behaviour.anchors_at_behaviour());
+    }
+
+    /// Metrics are token-weighted over the batches of a step.
+    #[test]
+    fn step_metrics_weigh_batches_by_tokens() {
+        let config = CorrectionConfig {
+            is: Some(IsConfig {
+                level: IsLevel::Token,
+                threshold: IsThreshold::Truncate { upper: 2.0 },
+                batch_normalize: false,
+            }),
+            rejection: Vec::new(),
+        };
+        let mut d = StepDiagnostics::default();
+        // Batch 1: one token with log-ratio 0.2; batch 2: three tokens with 0.
+        d.correct(&[0.2], &[0.0], &[1.0], [1, 1], &config).unwrap();
+        d.correct(&[0.0; 3], &[0.0; 3], &[1.0; 3], [1, 3], &config)
+            .unwrap();
+        let mut m = StepMetrics::new();
+        d.write(&mut m);
+        let kl = m["offpolicy/kl"].as_f64().unwrap();
+        assert!((kl - (-0.2f32 as f64) / 4.0).abs() < 1e-7, "{kl}");
+        assert!(m.contains_key("offpolicy/rollout_is_mean"));
+        assert!(m.contains_key("offpolicy/pos/cum/1-8/p50"));
+        assert!(m.contains_key("time/correction_s") && !m.contains_key("time/prox_s"));
+    }
+}
