@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example grpo_step -- [--model PATH] [--steps 3] [--device D] [--json]
+//!     [--set KEY=VALUE]...
 //! ```
 //! The same setting as the anchor: SmolLM2-135M-Instruct in f32, the anchor's 16 single-digit
 //! chat prompts (`benches/data/grpo_step_prompts.jsonl`, made with its `random.Random(0)`), one
@@ -10,7 +11,9 @@
 //! `<|im_end|>`), β = 0 (no reference model), one update per batch (π_old = the behaviour
 //! log-probs), AdamW at lr 1e-6. `score` is reward scoring plus the advantages; `train` is the
 //! forward + backward pass and the optimizer step. Like the anchor, the first step is reported
-//! but left out of the mean.
+//! but left out of the mean. `--set` changes the recipe (e.g. `--set
+//! algorithm.correction.mode='"decoupled"'`); `correction_s` (the off-policy correction and its
+//! metrics, inside score and train) and `prox_s` (the π_old / π_prox pass) are reported too.
 
 use anyhow::Result;
 use rlft::cli::Args;
@@ -52,11 +55,12 @@ fn main() -> Result<()> {
         ("steps", true),
         ("device", true),
         ("json", false),
+        ("set", true),
     ])
     .map_err(anyhow::Error::msg)?;
     let steps: usize = args.get("steps", 3).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(steps >= 1, "--steps must be at least 1");
-    let mut overrides = Vec::new();
+    let mut overrides = args.values("set").to_vec();
     if let Some(m) = args.value("model") {
         overrides.push(format!("model.path={m:?}"));
     }
@@ -98,19 +102,24 @@ fn main() -> Result<()> {
             "generate_s": mean("time/generate_s"),
             "score_s": mean("time/score_s"),
             "train_s": mean("time/train_s"),
+            "correction_s": mean("time/correction_s"),
+            "prox_s": mean("time/prox_s"),
+            "correction_share": mean("time/correction_s") / mean("time/step_s"),
             "response_len_mean": mean("response_len/mean"),
         });
         println!("{doc}");
     } else {
         println!(
             "mean over steps {}..{steps}: {:.2} s per step = generate {:.2} + score {:.3} + \
-             train {:.2} (mean response {:.1} tokens)",
+             train {:.2} (mean response {:.1} tokens); correction {:.4} s ({:.2} % of the step)",
             steps + 1 - steady.len(),
             mean("time/step_s"),
             mean("time/generate_s"),
             mean("time/score_s"),
             mean("time/train_s"),
             mean("response_len/mean"),
+            mean("time/correction_s"),
+            100.0 * mean("time/correction_s") / mean("time/step_s"),
         );
     }
     Ok(())

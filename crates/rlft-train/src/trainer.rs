@@ -820,6 +820,9 @@ impl Trainer {
         if a.kl_placement == "loss" {
             self.algo.config.kl_coef = beta;
         }
+        // Clip-Cov's draws: fresh each step, a function of (seed, step) like every random choice.
+        self.algo.config.clip_cov_seed =
+            self.recipe.seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let mut diag = StepDiagnostics::default();
         let scored: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
         let (mean, std) = mean_std(&scored);
@@ -1168,13 +1171,19 @@ impl Trainer {
                         ids.targets(),
                         Some(temperature),
                     )?);
-                    if self.algo.offpolicy.mode == CorrectionMode::Bypass {
+                    let bypass = self.algo.offpolicy.mode == CorrectionMode::Bypass;
+                    let mask_h = if bypass {
+                        host(mask.clone())
+                    } else {
+                        Vec::new()
+                    };
+                    if mask_h.iter().any(|m| *m > 0.5) {
                         // verl's bypass: πθ (detached) against μ, the anchor, per micro-batch.
                         let dims = mask.dims();
                         let out = diag.correct(
                             &host(lp.clone().detach()),
                             &host(old.clone()),
-                            &host(mask.clone()),
+                            &mask_h,
                             dims,
                             &self.algo.offpolicy.correction,
                         )?;
