@@ -1,7 +1,7 @@
 //! # rlft-algo
 //!
 //! The tensor math of policy-gradient RL fine-tuning, proven equal to verl 0.9.1 on the golden
-//! cases in `shared/golden`: log-probs and entropy, importance ratios at token, sequence and
+//! cases in `tests/golden`: log-probs and entropy, importance ratios at token, sequence and
 //! cumulative level, the clipping families, a registry of policy losses, loss aggregation with
 //! global normalisation, advantage estimators, KL estimators, the clipped value loss, reward
 //! shaping and staleness diagnostics.

@@ -1,4 +1,4 @@
-//! Parity with transformers on the tiny checkpoints in `shared/fixtures` (`RLFT_FIXTURES_DIR`
+//! Parity with transformers on the tiny checkpoints in `tests/data/fixtures` (`RLFT_FIXTURES_DIR`
 //! overrides the location): full-vocabulary logits within 1e-4, greedy ids identical, and a
 //! left-padded batch equal to the unpadded rows. Bad checkpoints are errors, never panics.
 
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 fn fixtures() -> PathBuf {
     std::env::var_os("RLFT_FIXTURES_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/fixtures"))
 }
 
 fn ids(v: &Value) -> Vec<i64> {

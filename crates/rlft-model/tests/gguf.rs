@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 fn fixtures() -> PathBuf {
     std::env::var_os("RLFT_FIXTURES_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/fixtures"))
 }
 
 fn to_vec(t: Tensor<3>) -> Vec<f32> {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 fn fixture() -> PathBuf {
     std::env::var_os("RLFT_FIXTURES_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/fixtures"))
         .join("tiny-llama")
 }
 

@@ -14,7 +14,7 @@ fn root() -> PathBuf {
 fn tiny_llama() -> PathBuf {
     std::env::var_os("RLFT_FIXTURES_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("../shared/fixtures"))
+        .unwrap_or_else(|| root().join("tests/data/fixtures"))
         .join("tiny-llama")
 }
 
