@@ -206,10 +206,10 @@ pub struct AlgorithmSection {
     pub loss: String,
     /// `token`, `sequence` or `cumulative`; empty: the preset's.
     pub ratio_level: String,
-    /// Lower clip ε (negative: the preset's).
-    pub clip_low: f64,
-    /// Upper clip ε (negative: the preset's).
-    pub clip_high: f64,
+    /// Lower clip ε (unset: the preset's).
+    pub clip_low: Option<f64>,
+    /// Upper clip ε (unset: the preset's).
+    pub clip_high: Option<f64>,
     /// Aggregation (`token_mean`, `seq_mean_token_mean`, ...); empty: the preset's.
     pub aggregation: String,
     /// Advantage estimator (`grpo`, `dr_grpo`, `rloo`, `gae`, ...); empty: the preset's.
@@ -262,8 +262,8 @@ impl Default for AlgorithmSection {
         Self {
             loss: "grpo".into(),
             ratio_level: String::new(),
-            clip_low: -1.0,
-            clip_high: -1.0,
+            clip_low: None,
+            clip_high: None,
             aggregation: String::new(),
             advantage: String::new(),
             kl_coef: 0.0,
@@ -610,6 +610,33 @@ impl Recipe {
         }
         if !(0.0..=1.0).contains(&a.gamma) || !(0.0..=1.0).contains(&a.lam) {
             return bad("algorithm.gamma/lam", "must be in [0, 1]".into());
+        }
+        for (k, v) in [
+            ("algorithm.clip_low", a.clip_low),
+            ("algorithm.clip_high", a.clip_high),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && v >= 0.0)
+            {
+                return bad(
+                    k,
+                    format!("must be a finite number ≥ 0 (leave it out for the preset's), got {v}"),
+                );
+            }
+        }
+        if r.max_prompt_len == 0 {
+            return bad(
+                "rollout.max_prompt_len",
+                "must be at least 1 (prompts longer than it are dropped; 0 would drop them all)"
+                    .into(),
+            );
+        }
+        if self.sft.steps > 0 && self.sft.batch_size == 0 {
+            return bad(
+                "sft.batch_size",
+                "must be at least 1 when sft.steps > 0 (set sft.steps = 0 to skip the warm-up)"
+                    .into(),
+            );
         }
         if a.ppo_epochs == 0 || a.mini_batches == 0 || a.micro_batch_size == 0 {
             return bad(

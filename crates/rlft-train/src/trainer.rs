@@ -71,11 +71,11 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
         .resolve(&a.loss)
         .map_err(|e| TrainError::Recipe(format!("algorithm.loss: {e}")))?;
     let mut c = preset.config.clone();
-    if a.clip_low >= 0.0 {
-        c.clip_ratio_low = a.clip_low;
+    if let Some(v) = a.clip_low {
+        c.clip_ratio_low = v;
     }
-    if a.clip_high >= 0.0 {
-        c.clip_ratio_high = a.clip_high;
+    if let Some(v) = a.clip_high {
+        c.clip_ratio_high = v;
     }
     if !a.ratio_level.is_empty() {
         c.ratio_level = a

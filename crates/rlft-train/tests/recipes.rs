@@ -195,6 +195,18 @@ fn bad_recipes_fail_before_loading_a_model() {
     );
     assert!(err(&["sft.min_lr_ratio=2.0"]).contains("sft.min_lr_ratio: must be in [0, 1], got 2"));
     assert!(err(&["task.name=\"countdown\""]).contains("only the arithmetic task"));
+    let e = err(&["algorithm.clip_low=-0.1"]);
+    assert!(e.contains("algorithm.clip_low") && e.contains("≥ 0"), "{e}");
+    let e = err(&["rollout.max_prompt_len=0"]);
+    assert!(
+        e.contains("rollout.max_prompt_len") && e.contains("at least 1"),
+        "{e}"
+    );
+    let e = err(&["sft.batch_size=0"]);
+    assert!(
+        e.contains("sft.batch_size") && e.contains("sft.steps = 0"),
+        "{e}"
+    );
     // Off-policy correction settings are checked before any model loads.
     let e = err(&["algorithm.correction.is_level=\"token\""]);
     assert!(
