@@ -37,6 +37,8 @@ pub const CRITIC_FILE: &str = "critic.bpk";
 pub const CRITIC_OPTIM_FILE: &str = "critic_optimizer.bin";
 /// [`TrainerState`] as JSON.
 pub const STATE_FILE: &str = "state.json";
+/// In a run folder: its checkpoints' names in the order they were written, oldest first.
+pub const ORDER_FILE: &str = "checkpoints.txt";
 
 fn sync_dir(dir: &Path) {
     // Directory fsync makes the rename durable on Unix; elsewhere it is a no-op.
@@ -80,8 +82,31 @@ pub fn save(
         .map_err(io_err(&latest_tmp))?;
     std::fs::rename(&latest_tmp, output_dir.join("latest")).map_err(io_err(output_dir))?;
     sync_dir(output_dir);
-    prune(output_dir, keep)?;
+    let order = record(output_dir, &name)?;
+    prune(output_dir, keep, &order, &name)?;
     Ok(dst)
+}
+
+/// Appends `name` to the run's write order (moving it last if it was written before), and
+/// returns the order. The file is replaced atomically.
+fn record(output_dir: &Path, name: &str) -> Result<Vec<String>> {
+    let path = output_dir.join(ORDER_FILE);
+    let mut order: Vec<String> = std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && *l != name)
+        .map(String::from)
+        .collect();
+    order.push(name.to_string());
+    let tmp = output_dir.join(format!("{ORDER_FILE}.tmp"));
+    std::fs::write(&tmp, order.join("\n") + "\n").map_err(io_err(&tmp))?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    sync_dir(output_dir);
+    Ok(order)
 }
 
 fn steps_in(output_dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
@@ -102,10 +127,27 @@ fn steps_in(output_dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
     Ok(out)
 }
 
-fn prune(output_dir: &Path, keep: usize) -> Result<()> {
-    let all = steps_in(output_dir)?;
-    for (_, p) in all.iter().take(all.len().saturating_sub(keep)) {
-        std::fs::remove_dir_all(p).map_err(io_err(p))?;
+/// Keeps the newest `keep` checkpoints by write order (`order`; folders it does not list, from
+/// before it existed, count as older, by step) and never deletes `latest`.
+fn prune(output_dir: &Path, keep: usize, order: &[String], latest: &str) -> Result<()> {
+    let on_disk = steps_in(output_dir)?;
+    let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    let mut oldest_first: Vec<PathBuf> = on_disk
+        .iter()
+        .filter(|(_, p)| name(p).is_none_or(|n| !order.contains(&n)))
+        .map(|(_, p)| p.clone())
+        .collect();
+    oldest_first.extend(
+        order
+            .iter()
+            .map(|n| output_dir.join(n))
+            .filter(|p| p.is_dir()),
+    );
+    let excess = oldest_first.len().saturating_sub(keep);
+    for p in oldest_first.iter().take(excess) {
+        if name(p).as_deref() != Some(latest) {
+            std::fs::remove_dir_all(p).map_err(io_err(p))?;
+        }
     }
     Ok(())
 }
@@ -180,6 +222,42 @@ mod tests {
         assert!(e.is_err());
         assert_eq!(locate(&out).unwrap(), out.join("step-6"));
         assert!(locate(&out.join("nothing")).is_err());
+        std::fs::remove_dir_all(&out).ok();
+    }
+
+    /// Resuming from an older checkpoint writes lower step numbers after higher ones: pruning
+    /// goes by write order, so the checkpoint just written (what `latest` names) survives.
+    #[test]
+    fn pruning_keeps_the_newest_by_write_order() {
+        let out = std::env::temp_dir().join(format!("rlft-ckpt-order-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).unwrap();
+        let state = |step| TrainerState {
+            step,
+            cursor: DataCursor::default(),
+            skipped_steps: 0,
+            bad_in_row: 0,
+            sft_done: true,
+            recipe: String::new(),
+            kl_coef: None,
+        };
+        let write = |d: &Path| std::fs::write(d.join("w"), b"x").map_err(io_err(d));
+        // A folder from before the order file existed counts as the oldest.
+        std::fs::create_dir_all(out.join("step-30")).unwrap();
+        for step in [10, 20, 5, 6] {
+            save(&out, &state(step), 2, write).unwrap();
+            assert_eq!(locate(&out).unwrap(), out.join(format!("step-{step}")));
+        }
+        let mut left: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("step-"))
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["step-5", "step-6"]);
+        // keep = 1 never deletes what latest names.
+        save(&out, &state(3), 1, write).unwrap();
+        assert!(out.join("step-3").exists() && !out.join("step-6").exists());
         std::fs::remove_dir_all(&out).ok();
     }
 }
