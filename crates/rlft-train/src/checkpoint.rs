@@ -192,11 +192,8 @@ pub fn read_state(dir: &Path) -> Result<TrainerState> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn atomic_save_latest_and_pruning() {
-        let out = std::env::temp_dir().join(format!("rlft-ckpt-{}", std::process::id()));
-        std::fs::create_dir_all(&out).unwrap();
-        let state = |step| TrainerState {
+    fn state(step: usize) -> TrainerState {
+        TrainerState {
             step,
             cursor: DataCursor::default(),
             skipped_steps: 0,
@@ -204,7 +201,13 @@ mod tests {
             sft_done: true,
             recipe: String::new(),
             kl_coef: None,
-        };
+        }
+    }
+
+    #[test]
+    fn atomic_save_latest_and_pruning() {
+        let out = std::env::temp_dir().join(format!("rlft-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
         for step in [2, 4, 6] {
             save(&out, &state(step), 2, |d| {
                 std::fs::write(d.join("w"), b"x").map_err(io_err(d))
@@ -232,15 +235,6 @@ mod tests {
         let out = std::env::temp_dir().join(format!("rlft-ckpt-order-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out).unwrap();
-        let state = |step| TrainerState {
-            step,
-            cursor: DataCursor::default(),
-            skipped_steps: 0,
-            bad_in_row: 0,
-            sft_done: true,
-            recipe: String::new(),
-            kl_coef: None,
-        };
         let write = |d: &Path| std::fs::write(d.join("w"), b"x").map_err(io_err(d));
         // A folder from before the order file existed counts as the oldest.
         std::fs::create_dir_all(out.join("step-30")).unwrap();
