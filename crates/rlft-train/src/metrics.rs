@@ -1,6 +1,6 @@
 //! `metrics.jsonl`: one JSON object per RL step; the end-of-run summary table.
 
-use crate::{Result, io_err};
+use crate::{Result, TrainError, io_err};
 use serde_json::{Map, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,19 +14,46 @@ pub struct MetricsLog {
     path: PathBuf,
     /// Every line written or kept, for the summary.
     pub history: Vec<StepMetrics>,
+    /// Torn last lines dropped when the file was reopened (0 or 1).
+    pub torn_lines: usize,
 }
 
 impl MetricsLog {
     /// Opens `path`; with `keep_until = Some(step)` (a resumed run), existing lines after `step`
-    /// are dropped (they are recomputed), otherwise the file is started afresh.
+    /// are dropped (they are recomputed), otherwise the file is started afresh. A torn last
+    /// line (a crash during an append) is dropped and counted in [`MetricsLog::torn_lines`]; a
+    /// malformed line before the last is an error naming it. The kept lines are written to a
+    /// temporary file, synced and renamed over `path`.
     pub fn open(path: &Path, keep_until: Option<usize>) -> Result<Self> {
         let mut history = Vec::new();
+        let mut torn_lines = 0;
         if let Some(last) = keep_until
             && path.exists()
         {
             let text = std::fs::read_to_string(path).map_err(io_err(path))?;
-            for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                let v: Value = serde_json::from_str(line)?;
+            let lines: Vec<(usize, &str)> = text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+                .collect();
+            for (k, &(number, line)) in lines.iter().enumerate() {
+                let v: Value = match serde_json::from_str(line) {
+                    Ok(v) => v,
+                    Err(_) if k + 1 == lines.len() => {
+                        torn_lines += 1;
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(TrainError::Checkpoint {
+                            path: path.into(),
+                            msg: format!(
+                                "line {} is not a JSON object ({e}); fix or delete that line and \
+                                 resume again",
+                                number + 1
+                            ),
+                        });
+                    }
+                };
                 if v["step"].as_u64().is_some_and(|s| s as usize <= last)
                     && let Value::Object(m) = v
                 {
@@ -39,10 +66,16 @@ impl MetricsLog {
             text.push_str(&serde_json::to_string(m)?);
             text.push('\n');
         }
-        std::fs::write(path, text).map_err(io_err(path))?;
+        let tmp = path.with_extension("jsonl.tmp");
+        std::fs::write(&tmp, text).map_err(io_err(&tmp))?;
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(io_err(&tmp))?;
+        std::fs::rename(&tmp, path).map_err(io_err(path))?;
         Ok(Self {
             path: path.into(),
             history,
+            torn_lines,
         })
     }
 
@@ -99,4 +132,38 @@ pub fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A crash mid-append leaves a torn last line: resuming drops it (and says so), keeps the
+    /// steps up to the checkpoint, and rejects corruption earlier in the file.
+    #[test]
+    fn reopening_cuts_back_to_the_checkpoint_and_drops_a_torn_line() {
+        let dir = std::env::temp_dir().join(format!("rlft-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        std::fs::write(
+            &path,
+            "{\"kl\":0.1,\"step\":1}\n{\"kl\":0.2,\"step\":2}\n{\"kl\":0.3,\"step\":3}\n{\"kl\":0.",
+        )
+        .unwrap();
+        let log = MetricsLog::open(&path, Some(2)).unwrap();
+        assert_eq!(log.torn_lines, 1);
+        assert_eq!(log.history.len(), 2);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"kl\":0.1,\"step\":1}\n{\"kl\":0.2,\"step\":2}\n"
+        );
+        std::fs::write(&path, "{\"step\":1}\nnot json\n{\"step\":2}\n").unwrap();
+        let e = MetricsLog::open(&path, Some(2)).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("metrics.jsonl"), "{e}");
+        assert!(
+            std::fs::read_to_string(&path).unwrap().contains("not json"),
+            "nothing lost"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -651,6 +651,13 @@ impl Trainer {
             &out.join("metrics.jsonl"),
             resumed.then_some(self.state.step),
         )?;
+        if log.torn_lines > 0 {
+            eprintln!(
+                "note: {}: dropped a torn last line (a write cut short); the steps after the \
+                 checkpoint are recomputed",
+                out.join("metrics.jsonl").display()
+            );
+        }
         let steps = self.recipe.schedule.steps;
         let bar = if self.recipe.logging.progress {
             let b = indicatif::ProgressBar::new(steps as u64);
