@@ -231,6 +231,8 @@ struct Collected {
     filtered: usize,
     /// Trajectories whose reward failed.
     failed: usize,
+    /// Prompts skipped: empty, or longer than `rollout.max_prompt_len`.
+    skipped_prompts: usize,
     /// Generated tokens.
     tokens: usize,
     generate_secs: f64,
@@ -787,6 +789,7 @@ impl Trainer {
                 seed,
             )?;
             c.failed += b.failed_rewards;
+            c.skipped_prompts += b.skipped_prompts;
             c.tokens += b.generated_tokens;
             c.generate_secs += b.generate_seconds;
             c.score_secs += b.score_seconds;
@@ -813,6 +816,7 @@ impl Trainer {
             groups,
             filtered,
             failed,
+            skipped_prompts,
             tokens: gen_tokens,
             generate_secs: gen_secs,
             score_secs,
@@ -892,6 +896,7 @@ impl Trainer {
         );
         m.insert("groups/filtered".into(), json!(filtered));
         m.insert("reward/failed".into(), json!(failed));
+        m.insert("prompts/skipped".into(), json!(skipped_prompts));
         let lr = self.lr(step - 1);
         m.insert("lr".into(), json!(lr));
         m.insert(

@@ -415,3 +415,18 @@ fn adaptive_kl_moves_beta_and_is_checkpointed() {
     assert!(state.kl_coef.is_some_and(|b| b > betas[1]), "{state:?}");
     std::fs::remove_dir_all(&out).ok();
 }
+
+/// Prompts longer than `rollout.max_prompt_len` are skipped, and counted.
+#[test]
+fn overlong_prompts_are_counted() {
+    let m = quickstart_metrics("overlong", &["rollout.max_prompt_len=3"]);
+    let skipped: Vec<f64> = m
+        .iter()
+        .filter_map(|s| s.get("prompts/skipped").and_then(|v| v.as_f64()))
+        .collect();
+    assert_eq!(
+        skipped,
+        vec![2.0, 2.0],
+        "both prompts of each step are longer than 3 tokens"
+    );
+}
