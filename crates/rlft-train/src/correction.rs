@@ -9,9 +9,7 @@
 //! | `bypass` (verl) | never | μ | πθ against μ, per micro-batch |
 
 use crate::{Result, TrainError};
-use rlft_algo::correction::{
-    CorrectionConfig, IsConfig, IsLevel, IsThreshold, Rejection, RejectionFilter,
-};
+use rlft_algo::correction::{CorrectionConfig, IsConfig, IsLevel, IsThreshold, RejectionFilter};
 use serde::{Deserialize, Serialize};
 
 /// Which policy anchors the PPO ratio, and whether the batch is corrected against μ.
@@ -174,36 +172,18 @@ impl CorrectionSection {
                      or a list aligned with `rejection`",
                 ));
             }
-            if specs.len() != 1 && specs.len() != self.rejection.len() {
-                return Err(bad(
-                    "rejection_threshold",
-                    format!(
-                        "{} thresholds for {} filters: give one for all, or exactly {} (one per \
-                         filter in `rejection`)",
-                        specs.len(),
-                        self.rejection.len(),
-                        self.rejection.len()
-                    ),
-                ));
-            }
-            let mut seen = Vec::new();
             for (k, filter) in self.rejection.iter().enumerate() {
-                if seen.contains(filter) {
+                if self.rejection[..k].contains(filter) {
                     return Err(bad(
                         "rejection",
                         format!("'{filter}' is listed twice; list each filter once"),
                     ));
                 }
-                seen.push(*filter);
-                let spec = &specs[if specs.len() == 1 { 0 } else { k }];
-                let bounds = filter
-                    .bounds(spec)
-                    .map_err(|e| bad("rejection_threshold", format!("{e}")))?;
-                config.rejection.push(Rejection {
-                    filter: *filter,
-                    bounds,
-                });
             }
+            let specs: Vec<&str> = specs.iter().map(String::as_str).collect();
+            config = config
+                .with_rejection_filters(&self.rejection, &specs)
+                .map_err(|e| bad("rejection_threshold", format!("{e}")))?;
         }
         Ok(config)
     }

@@ -1007,6 +1007,13 @@ impl Trainer {
                 }
             }
         }
+        // The anchor (π_old, or μ for a cumulative ratio against the behaviour policy) is set
+        // before the advantages, whose KL-in-reward reads it.
+        if old_pass && !self.algo.offpolicy.anchors_at_behaviour() {
+            for (row, p) in rows.iter_mut().zip(&prox) {
+                row.old_lp.clone_from(p);
+            }
+        }
         // Advantages in the response-aligned layout [N, R_max].
         let beta = self.beta();
         let a = &self.recipe.algorithm;
@@ -1063,31 +1070,28 @@ impl Trainer {
         // After the advantages: rejection masks the loss, it does not move an outcome reward.
         if old_pass {
             diag.prox_secs = Some(prox_secs);
-            self.correct_rows(rows, prox, diag)?;
+            self.correct_rows(rows, &prox, diag)?;
         }
         Ok(())
     }
 
     /// With π_old (π_prox) computed for every row: measures its gap to μ over the step, and in
-    /// decoupled mode corrects the batch (IS weights of π_prox against μ, rejection mask); sets
-    /// each row's anchor (π_prox, or μ for a cumulative ratio against the behaviour policy).
+    /// decoupled mode corrects the batch (IS weights of π_prox against μ, rejection mask).
     fn correct_rows(
         &self,
         rows: &mut [Row],
-        prox: Vec<Vec<f32>>,
+        prox: &[Vec<f32>],
         diag: &mut StepDiagnostics,
     ) -> Result<()> {
         let off = &self.algo.offpolicy;
         let n = rows.len();
         let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
+        let refs: Vec<&Row> = rows.iter().collect();
+        let behaviour = aligned(&refs, rmax, |r| &r.behaviour_lp);
+        let mask = aligned(&refs, rmax, |r| &r.mask);
         let mut train = vec![0.0f32; n * rmax];
-        let mut behaviour = vec![0.0f32; n * rmax];
-        let mut mask = vec![0.0f32; n * rmax];
-        for (i, row) in rows.iter().enumerate() {
-            let r = row.resp_len();
-            train[i * rmax..i * rmax + r].copy_from_slice(&prox[i]);
-            behaviour[i * rmax..i * rmax + r].copy_from_slice(&row.behaviour_lp);
-            mask[i * rmax..i * rmax + r].copy_from_slice(&row.mask);
+        for (i, p) in prox.iter().enumerate() {
+            train[i * rmax..i * rmax + p.len()].copy_from_slice(p);
         }
         let decoupled = off.mode == CorrectionMode::Decoupled;
         let none = Default::default();
@@ -1103,11 +1107,6 @@ impl Trainer {
                         .as_ref()
                         .map(|w| w[span].iter().map(|&v| v as f32).collect());
                 }
-            }
-        }
-        if !off.anchors_at_behaviour() {
-            for (row, p) in rows.iter_mut().zip(prox) {
-                row.old_lp = p;
             }
         }
         Ok(())
@@ -1184,17 +1183,18 @@ impl Trainer {
                         Some(temperature),
                     )?);
                     let bypass = self.algo.offpolicy.mode == CorrectionMode::Bypass;
+                    let width = ids.response_len();
                     let mask_h = if bypass {
-                        host(mask.clone())
+                        aligned(&refs, width, |r| &r.mask)
                     } else {
                         Vec::new()
                     };
                     if mask_h.iter().any(|m| *m > 0.5) {
                         // verl's bypass: πθ (detached) against μ, the anchor, per micro-batch.
-                        let dims = mask.dims();
+                        let dims = [refs.len(), width];
                         let out = diag.correct(
                             &host(lp.clone().detach()),
-                            &host(old.clone()),
+                            &aligned(&refs, width, |r| &r.behaviour_lp),
                             &mask_h,
                             dims,
                             &self.algo.offpolicy.correction,
@@ -1322,13 +1322,19 @@ impl Trainer {
         field: impl Fn(&Row) -> &[f32],
     ) -> Tensor<2> {
         let r = batch.response_len();
-        let mut vals = vec![0.0f32; rows.len() * r];
-        for (k, row) in rows.iter().enumerate() {
-            let f = field(row);
-            vals[k * r..k * r + f.len()].copy_from_slice(f);
-        }
-        t2(&self.device, vals, rows.len(), r)
+        t2(&self.device, aligned(rows, r, field), rows.len(), r)
     }
+}
+
+/// The per-response-token values `field` of `rows` as a row-major `[rows, width]` host array,
+/// zeros past each row's values.
+fn aligned(rows: &[&Row], width: usize, field: impl Fn(&Row) -> &[f32]) -> Vec<f32> {
+    let mut vals = vec![0.0f32; rows.len() * width];
+    for (k, row) in rows.iter().enumerate() {
+        let f = field(row);
+        vals[k * width..k * width + f.len()].copy_from_slice(f);
+    }
+    vals
 }
 
 fn t2(device: &Device, v: Vec<f32>, b: usize, t: usize) -> Tensor<2> {

@@ -189,11 +189,7 @@ fn min(x: &[f64]) -> f64 {
 }
 
 fn fraction(x: &[f64], cond: impl Fn(f64) -> bool) -> f64 {
-    mean(
-        &x.iter()
-            .map(|&v| f64::from(u8::from(cond(v))))
-            .collect::<Vec<_>>(),
-    )
+    x.iter().filter(|&&v| cond(v)).count() as f64 / x.len().max(1) as f64
 }
 
 fn put(metrics: &mut BTreeMap<String, f64>, key: impl Into<String>, v: f64) {

@@ -309,12 +309,24 @@ pub struct CorrectionConfig {
 impl CorrectionConfig {
     /// Builds the rejection filters from names and threshold specs the way verl does: repeated
     /// filters count once, then one spec serves every filter or there is one per filter.
-    pub fn with_rejection(mut self, filters: &[&str], thresholds: &[&str]) -> Result<Self> {
+    pub fn with_rejection(self, filters: &[&str], thresholds: &[&str]) -> Result<Self> {
+        let parsed = filters
+            .iter()
+            .map(|f| f.parse())
+            .collect::<Result<Vec<RejectionFilter>>>()?;
+        self.with_rejection_filters(&parsed, thresholds)
+    }
+
+    /// As [`with_rejection`](Self::with_rejection), with the filters already parsed.
+    pub fn with_rejection_filters(
+        mut self,
+        filters: &[RejectionFilter],
+        thresholds: &[&str],
+    ) -> Result<Self> {
         let mut names: Vec<RejectionFilter> = Vec::new();
         for f in filters {
-            let f: RejectionFilter = f.parse()?;
-            if !names.contains(&f) {
-                names.push(f);
+            if !names.contains(f) {
+                names.push(*f);
             }
         }
         if names.is_empty() {
