@@ -18,6 +18,14 @@ fn spec(v: Option<&Value>) -> Option<String> {
     }
 }
 
+/// verl's comma-separated lists (`"token_k1,seq_mean_k3"`, `"0.5_2.0,0.1"`).
+fn split_list(s: &str) -> Vec<&str> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
 /// The correction settings under `config` (`path` leads to the object holding verl's keys).
 fn correction_config(c: &Case<'_>, path: &[&str]) -> Result<CorrectionConfig> {
     let key = |k: &str| {
@@ -39,16 +47,7 @@ fn correction_config(c: &Case<'_>, path: &[&str]) -> Result<CorrectionConfig> {
     if let Some(rs) = key("rollout_rs").and_then(Value::as_str) {
         let thresholds = spec(key("rollout_rs_threshold"))
             .ok_or_else(|| c.err("rollout_rs without rollout_rs_threshold"))?;
-        let split = |s: &str| -> Vec<String> {
-            s.split(',')
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .map(String::from)
-                .collect()
-        };
-        let (filters, thresholds) = (split(rs), split(&thresholds));
-        let filters: Vec<&str> = filters.iter().map(String::as_str).collect();
-        let thresholds: Vec<&str> = thresholds.iter().map(String::as_str).collect();
+        let (filters, thresholds) = (split_list(rs), split_list(&thresholds));
         cfg = cfg
             .with_rejection(&filters, &thresholds)
             .map_err(|e| c.algo(e))?;

@@ -617,10 +617,8 @@ fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLossOutput> {
         None => None,
     };
 
-    let d = ctx
-        .token_log_ratio()
-        .detach()
-        .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
+    let raw = ctx.token_log_ratio().detach();
+    let d = raw.clone().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
     let ratio = terms
         .ratio
         .map(|r| r.detach())
@@ -644,7 +642,7 @@ fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLossOutput> {
         ratios: ratio.clone(),
         mask: mask.clone(),
         approx_kl: masked_mean(d.neg(), mask),
-        mean_abs_log_ratio: masked_mean(ctx.token_log_ratio().detach().abs(), mask),
+        mean_abs_log_ratio: masked_mean(raw.abs(), mask),
         ratio_min: ratio.clone().mask_fill(pad.clone(), f64::INFINITY).min(),
         ratio_mean: masked_mean(ratio.clone(), mask),
         ratio_max: ratio.mask_fill(pad, f64::NEG_INFINITY).max(),
