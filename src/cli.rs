@@ -93,6 +93,41 @@ impl Args {
     }
 }
 
+/// The `train` command: `train RECIPE.toml [--set KEY=VALUE]... [--device D] [--resume DIR]`
+/// (`args` without the program and command names). Runs the recipe, stopping cleanly on Ctrl-C,
+/// and returns the report to print.
+///
+/// # Errors
+/// A bad command line, recipe, model, dataset or checkpoint; a failed run. The message says
+/// what was wrong and how to fix it.
+pub fn train(args: impl IntoIterator<Item = String>) -> Result<String, rlft_train::TrainError> {
+    use rlft_train::TrainError;
+    use rlft_train::launch::{self, TrainCommand};
+    let usage = |e: String| TrainError::Usage(format!("{e}\n{}", launch::USAGE));
+    let args = Args::from_iter(args, &[("set", true), ("device", true), ("resume", true)])
+        .map_err(usage)?;
+    if args.positional.len() > 1 {
+        return Err(usage(format!(
+            "one recipe file expected, got {:?}",
+            args.positional
+        )));
+    }
+    let mut overrides = args.values("set").to_vec();
+    if let Some(d) = args.value("device") {
+        overrides.push(format!("device=\"{d}\""));
+    }
+    let cmd = TrainCommand {
+        recipe: args.positional.first().map(Into::into),
+        overrides,
+        resume: args.value("resume").map(Into::into),
+    };
+    // Reject a bad command line or recipe before touching the Ctrl-C handler.
+    cmd.recipe()?;
+    let stop = launch::stop_on_ctrl_c()?;
+    let (summary, out) = cmd.run(Some(stop))?;
+    Ok(launch::report(&summary, &out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

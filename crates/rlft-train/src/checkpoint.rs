@@ -1,8 +1,10 @@
-//! Checkpoints: `step-N.tmp/` is written and synced, renamed to `step-N/`, then `latest` is
-//! replaced by rename — a crash at any moment leaves the previous checkpoint intact. The last
-//! `keep` checkpoints are kept.
+//! Checkpoints: `<name>.tmp/` is written and synced, renamed to `<name>/`, then `latest` is
+//! replaced by rename — a crash at any moment leaves the previous checkpoint intact. The newest
+//! `keep` checkpoints by write order are kept, never the one `latest` names. A checkpoint is
+//! `warmup-<k>` during the SFT warm-up and `step-<n>` after RL step `n` (`step-0`: the warm-up
+//! is over, no RL step taken yet). Each holds the run's effective recipe (`recipe.toml`).
 
-use crate::{Result, TrainError, io_err};
+use crate::{Result, TrainError, io_err, sync_dir, write_atomic};
 use rlft_rollout::DataCursor;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -20,6 +22,9 @@ pub struct TrainerState {
     pub bad_in_row: usize,
     /// The SFT warm-up has run.
     pub sft_done: bool,
+    /// SFT warm-up steps completed (while `sft_done` is false).
+    #[serde(default)]
+    pub sft_step: usize,
     /// The recipe the run uses (TOML).
     pub recipe: String,
     /// The adaptive KL controller's current β (absent without one, or before its first step).
@@ -27,9 +32,20 @@ pub struct TrainerState {
     pub kl_coef: Option<f64>,
 }
 
+impl TrainerState {
+    /// The name of the checkpoint of this state: `warmup-<k>` or `step-<n>`.
+    pub fn checkpoint_name(&self) -> String {
+        if self.sft_done {
+            format!("step-{}", self.step)
+        } else {
+            format!("warmup-{}", self.sft_step)
+        }
+    }
+}
+
 /// Names of the files in a checkpoint folder.
 pub const POLICY_FILE: &str = "policy.bpk";
-/// Policy optimiser state.
+/// Policy optimiser state (the warm-up's optimiser in a `warmup-<k>` checkpoint).
 pub const OPTIM_FILE: &str = "optimizer.bin";
 /// Critic weights.
 pub const CRITIC_FILE: &str = "critic.bpk";
@@ -37,24 +53,22 @@ pub const CRITIC_FILE: &str = "critic.bpk";
 pub const CRITIC_OPTIM_FILE: &str = "critic_optimizer.bin";
 /// [`TrainerState`] as JSON.
 pub const STATE_FILE: &str = "state.json";
+/// The effective recipe (after file, environment and `--set`), in a checkpoint and in the run
+/// folder (written when the run starts, so a run killed before its first checkpoint can be
+/// resumed from its start).
+pub const RECIPE_FILE: &str = "recipe.toml";
 /// In a run folder: its checkpoints' names in the order they were written, oldest first.
 pub const ORDER_FILE: &str = "checkpoints.txt";
 
-fn sync_dir(dir: &Path) {
-    // Directory fsync makes the rename durable on Unix; elsewhere it is a no-op.
-    if let Ok(f) = std::fs::File::open(dir) {
-        let _ = f.sync_all();
-    }
-}
-
-/// Writes a checkpoint for `state.step`: `write(dir)` saves the tensors into the temporary folder.
+/// Writes the checkpoint of `state` ([`TrainerState::checkpoint_name`]) into `output_dir`:
+/// `write(dir)` saves the tensors into the temporary folder.
 pub fn save(
     output_dir: &Path,
     state: &TrainerState,
     keep: usize,
     write: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<PathBuf> {
-    let name = format!("step-{}", state.step);
+    let name = state.checkpoint_name();
     let tmp = output_dir.join(format!("{name}.tmp"));
     let dst = output_dir.join(&name);
     if tmp.exists() {
@@ -64,6 +78,8 @@ pub fn save(
     write(&tmp)?;
     let state_path = tmp.join(STATE_FILE);
     std::fs::write(&state_path, serde_json::to_vec_pretty(state)?).map_err(io_err(&state_path))?;
+    let recipe_path = tmp.join(RECIPE_FILE);
+    std::fs::write(&recipe_path, &state.recipe).map_err(io_err(&recipe_path))?;
     for entry in std::fs::read_dir(&tmp).map_err(io_err(&tmp))? {
         let p = entry.map_err(io_err(&tmp))?.path();
         std::fs::File::open(&p)
@@ -71,17 +87,13 @@ pub fn save(
             .map_err(io_err(&p))?;
     }
     sync_dir(&tmp);
+    crate::fault::point(|| format!("checkpoint:{name}"));
     if dst.exists() {
         std::fs::remove_dir_all(&dst).map_err(io_err(&dst))?;
     }
     std::fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
-    let latest_tmp = output_dir.join("latest.tmp");
-    std::fs::write(&latest_tmp, &name).map_err(io_err(&latest_tmp))?;
-    std::fs::File::open(&latest_tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err(&latest_tmp))?;
-    std::fs::rename(&latest_tmp, output_dir.join("latest")).map_err(io_err(output_dir))?;
     sync_dir(output_dir);
+    write_atomic(&output_dir.join("latest"), name.as_bytes())?;
     let order = record(output_dir, &name)?;
     prune(output_dir, keep, &order, &name)?;
     Ok(dst)
@@ -99,43 +111,41 @@ fn record(output_dir: &Path, name: &str) -> Result<Vec<String>> {
         .map(String::from)
         .collect();
     order.push(name.to_string());
-    let tmp = output_dir.join(format!("{ORDER_FILE}.tmp"));
-    std::fs::write(&tmp, order.join("\n") + "\n").map_err(io_err(&tmp))?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
-    sync_dir(output_dir);
+    write_atomic(&path, (order.join("\n") + "\n").as_bytes())?;
     Ok(order)
 }
 
-fn steps_in(output_dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+/// The checkpoint folders in `output_dir`, oldest first by (warm-up before RL, step).
+fn checkpoints_in(output_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(output_dir).map_err(io_err(output_dir))? {
         let p = entry.map_err(io_err(output_dir))?.path();
-        if let Some(n) = p
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("step-"))
-            .and_then(|n| n.parse::<usize>().ok())
+        let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let key = [("warmup-", 0), ("step-", 1)]
+            .iter()
+            .find_map(|(prefix, phase)| {
+                let n = name.strip_prefix(prefix)?.parse::<usize>().ok()?;
+                Some((*phase, n))
+            });
+        if let Some(key) = key
             && p.is_dir()
         {
-            out.push((n, p));
+            out.push((key, p));
         }
     }
     out.sort();
-    Ok(out)
+    Ok(out.into_iter().map(|(_, p)| p).collect())
 }
 
 /// Keeps the newest `keep` checkpoints by write order (`order`; folders it does not list, from
-/// before it existed, count as older, by step) and never deletes `latest`.
+/// before it existed, count as older) and never deletes `latest`.
 fn prune(output_dir: &Path, keep: usize, order: &[String], latest: &str) -> Result<()> {
-    let on_disk = steps_in(output_dir)?;
     let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
-    let mut oldest_first: Vec<PathBuf> = on_disk
-        .iter()
-        .filter(|(_, p)| name(p).is_none_or(|n| !order.contains(&n)))
-        .map(|(_, p)| p.clone())
+    let mut oldest_first: Vec<PathBuf> = checkpoints_in(output_dir)?
+        .into_iter()
+        .filter(|p| name(p).is_none_or(|n| !order.contains(&n)))
         .collect();
     oldest_first.extend(
         order
@@ -154,27 +164,98 @@ fn prune(output_dir: &Path, keep: usize, order: &[String], latest: &str) -> Resu
 
 /// Resolves `--resume PATH`: a checkpoint folder, or a run's `output_dir` (its `latest`).
 pub fn locate(path: &Path) -> Result<PathBuf> {
+    match resume_from(path)? {
+        ResumeFrom::Checkpoint(dir) => Ok(dir),
+        ResumeFrom::Start(_) => Err(TrainError::Checkpoint {
+            path: path.into(),
+            msg: "the run has no checkpoint yet".into(),
+        }),
+    }
+}
+
+/// Where `--resume PATH` continues a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeFrom {
+    /// A checkpoint folder (given, or the one a run folder's `latest` names).
+    Checkpoint(PathBuf),
+    /// A run folder without a checkpoint (killed before its first): the run starts again from
+    /// the beginning, with the recipe stored in its [`RECIPE_FILE`].
+    Start(PathBuf),
+}
+
+impl ResumeFrom {
+    /// The run folder: where the run goes on writing.
+    pub fn run_dir(&self) -> PathBuf {
+        match self {
+            Self::Checkpoint(dir) => dir
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+            Self::Start(dir) => dir.clone(),
+        }
+    }
+
+    /// The run's effective recipe as stored (TOML).
+    ///
+    /// # Errors
+    /// When neither the checkpoint nor the run folder holds one.
+    pub fn stored_recipe(&self) -> Result<String> {
+        let from_state = match self {
+            Self::Checkpoint(dir) => read_state(dir)?.recipe,
+            Self::Start(_) => String::new(),
+        };
+        if !from_state.trim().is_empty() {
+            return Ok(from_state);
+        }
+        let p = self.run_dir().join(RECIPE_FILE);
+        match std::fs::read_to_string(&p) {
+            Ok(text) if !text.trim().is_empty() => Ok(text),
+            _ => Err(TrainError::Checkpoint {
+                path: p,
+                msg: "the run stores no recipe (missing or empty); pass the recipe file too: \
+                      rlft train RECIPE.toml --resume DIR"
+                    .into(),
+            }),
+        }
+    }
+}
+
+/// Resolves `--resume PATH`: a checkpoint folder; a run folder's `latest` checkpoint; or a run
+/// folder with no checkpoint yet but its stored recipe (a run killed early), started again.
+pub fn resume_from(path: &Path) -> Result<ResumeFrom> {
     let err = |msg: String| TrainError::Checkpoint {
         path: path.into(),
         msg,
     };
+    if !path.is_dir() {
+        return Err(err(
+            "no such folder; --resume takes a run's output_dir or one of its checkpoint folders"
+                .into(),
+        ));
+    }
     if path.join(STATE_FILE).exists() {
-        return Ok(path.into());
+        return Ok(ResumeFrom::Checkpoint(path.into()));
     }
     let latest = path.join("latest");
     if latest.exists() {
         let name = std::fs::read_to_string(&latest).map_err(io_err(&latest))?;
         let dir = path.join(name.trim());
         if dir.join(STATE_FILE).exists() {
-            return Ok(dir);
+            return Ok(ResumeFrom::Checkpoint(dir));
         }
         return Err(err(format!(
-            "'latest' names {} which has no {STATE_FILE}",
-            dir.display()
+            "'latest' names {} which has no {STATE_FILE}; resume from another checkpoint \
+             folder of the run (--resume {}/step-N)",
+            dir.display(),
+            path.display()
         )));
     }
+    if path.join(RECIPE_FILE).exists() {
+        return Ok(ResumeFrom::Start(path.into()));
+    }
     Err(err(format!(
-        "neither a checkpoint (no {STATE_FILE}) nor a run folder with a 'latest' checkpoint"
+        "neither a checkpoint (no {STATE_FILE}) nor a run folder (no 'latest' checkpoint, no \
+         {RECIPE_FILE}); --resume takes a run's output_dir or one of its checkpoint folders"
     )))
 }
 
@@ -184,7 +265,11 @@ pub fn read_state(dir: &Path) -> Result<TrainerState> {
     let text = std::fs::read_to_string(&p).map_err(io_err(&p))?;
     serde_json::from_str(&text).map_err(|e| TrainError::Checkpoint {
         path: dir.into(),
-        msg: format!("{STATE_FILE} is unreadable: {e}"),
+        msg: format!(
+            "{STATE_FILE} is unreadable ({e}); the checkpoint is damaged: resume from an \
+             older one (--resume {}/step-N)",
+            dir.parent().unwrap_or(dir).display()
+        ),
     })
 }
 
@@ -199,6 +284,7 @@ mod tests {
             skipped_steps: 0,
             bad_in_row: 0,
             sft_done: true,
+            sft_step: 0,
             recipe: String::new(),
             kl_coef: None,
         }

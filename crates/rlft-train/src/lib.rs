@@ -9,15 +9,19 @@
 
 pub mod checkpoint;
 pub mod correction;
+pub mod fault;
+pub mod launch;
 pub mod metrics;
 pub mod offpolicy;
 pub mod optim;
 pub mod plot;
 pub mod recipe;
+pub mod run;
 pub mod trainer;
 
 pub use recipe::Recipe;
-pub use trainer::{Extensions, RunSummary, Trainer};
+pub use run::RunSummary;
+pub use trainer::{Extensions, Trainer};
 
 use burn::tensor::Tensor;
 use std::path::PathBuf;
@@ -64,6 +68,9 @@ pub enum TrainError {
     /// From rlft-rollout.
     #[error(transparent)]
     Rollout(#[from] rlft_rollout::RolloutError),
+    /// A command line that cannot be run.
+    #[error("{0}")]
+    Usage(String),
     /// JSON (de)serialisation.
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
@@ -71,6 +78,36 @@ pub enum TrainError {
 
 /// Result alias for rlft-train.
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
+
+/// Writes `bytes` to `path` crash-safely: a temporary file beside it is written and synced, then
+/// renamed over `path`, and the folder is synced, so a reader sees the old or the new contents,
+/// never a part.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))?;
+    if let Some(dir) = path.parent() {
+        sync_dir(dir);
+    }
+    Ok(())
+}
+
+/// Syncs a folder so that renames inside it are durable (Unix; elsewhere a no-op).
+pub(crate) fn sync_dir(dir: &std::path::Path) {
+    let dir = if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
+    };
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
 
 pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> TrainError {
     let path = path.into();

@@ -27,6 +27,7 @@ impl MetricsLog {
     pub fn open(path: &Path, keep_until: Option<usize>) -> Result<Self> {
         let mut history = Vec::new();
         let mut torn_lines = 0;
+        let mut kept = String::new();
         if let Some(last) = keep_until
             && path.exists()
         {
@@ -58,20 +59,14 @@ impl MetricsLog {
                     && let Value::Object(m) = v
                 {
                     history.push(m);
+                    // Kept verbatim: a parse and re-print can move a float by an ulp.
+                    kept.push_str(line);
+                    kept.push('\n');
                 }
             }
         }
-        let mut text = String::new();
-        for m in &history {
-            text.push_str(&serde_json::to_string(m)?);
-            text.push('\n');
-        }
-        let tmp = path.with_extension("jsonl.tmp");
-        std::fs::write(&tmp, text).map_err(io_err(&tmp))?;
-        std::fs::File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(io_err(&tmp))?;
-        std::fs::rename(&tmp, path).map_err(io_err(path))?;
+        let text = kept;
+        crate::write_atomic(path, text.as_bytes())?;
         Ok(Self {
             path: path.into(),
             history,

@@ -420,11 +420,15 @@ impl Default for SftSection {
     }
 }
 
+/// `checkpoint.every` when a recipe does not set it.
+pub const DEFAULT_CHECKPOINT_EVERY: usize = 25;
+
 /// Checkpointing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CheckpointSection {
-    /// Save every N RL steps (0: only at the end).
+    /// Save every N steps — RL steps, and SFT warm-up steps during the warm-up (0: only at the
+    /// end of the warm-up and of the run, and on Ctrl-C).
     pub every: usize,
     /// Checkpoints kept.
     pub keep: usize,
@@ -435,7 +439,7 @@ pub struct CheckpointSection {
 impl Default for CheckpointSection {
     fn default() -> Self {
         Self {
-            every: 0,
+            every: DEFAULT_CHECKPOINT_EVERY,
             keep: 2,
             export_final: true,
         }
@@ -536,6 +540,77 @@ impl Recipe {
         })?;
         recipe.validate()?;
         Ok(recipe)
+    }
+
+    /// The effective recipe as TOML (what checkpoints store).
+    ///
+    /// # Errors
+    /// If a value cannot be written as TOML (which no validated recipe has).
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string(self)
+            .map_err(|e| TrainError::Recipe(format!("the recipe cannot be written as TOML: {e}")))
+    }
+
+    /// A recipe stored by a run (a checkpoint's or a run folder's `recipe.toml`), as stored: no
+    /// environment variables or overrides applied.
+    ///
+    /// # Errors
+    /// If the text is not a recipe of this version of rlft.
+    pub fn from_stored(text: &str) -> Result<Self> {
+        let de = toml::Deserializer::parse(text)
+            .map_err(|e| TrainError::Recipe(format!("stored recipe: {e}")))?;
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            TrainError::Recipe(format!(
+                "stored recipe: {}: {}; the run was written by another version of rlft",
+                e.path(),
+                e.inner()
+            ))
+        })
+    }
+
+    /// Checks the recipe asked for at resume (`self`) against the run's stored one: only the
+    /// keys in [`RESUMABLE_KEYS`] may differ. `schedule.steps` extends or shortens the run, and
+    /// the learning-rate schedule's horizon becomes the new total.
+    ///
+    /// # Errors
+    /// Naming every other key that differs, with both values.
+    pub fn check_resume(&self, stored: &Recipe) -> Result<()> {
+        let (asked, was) = (
+            flatten(serde_json::to_value(self)?),
+            flatten(serde_json::to_value(stored)?),
+        );
+        let keys: std::collections::BTreeSet<&String> = asked.keys().chain(was.keys()).collect();
+        let changed: Vec<String> = keys
+            .into_iter()
+            .filter(|k| asked.get(*k) != was.get(*k) && !resumable(k))
+            .map(|k| {
+                let show = |v: Option<&serde_json::Value>| {
+                    v.map_or_else(|| "(unset)".to_string(), |v| v.to_string())
+                };
+                format!(
+                    "{k} (stored {}, asked {})",
+                    show(was.get(k)),
+                    show(asked.get(k))
+                )
+            })
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        Err(TrainError::Recipe(format!(
+            "a resumed run cannot change {}; only {} can change at resume. Drop the override (or \
+             the recipe file) to resume as the run was, or start a new run in another output_dir",
+            changed.join(", "),
+            RESUMABLE_KEYS
+                .iter()
+                .map(|k| if k.contains('.') {
+                    k.to_string()
+                } else {
+                    format!("{k}.*")
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
     }
 
     /// Checks every value's range against the built-in losses; messages say what is allowed.
@@ -735,6 +810,43 @@ impl Recipe {
         crate::trainer::resolve_algorithm(self, registry)?;
         Ok(())
     }
+}
+
+/// Keys (or whole sections) a resumed run may change.
+pub const RESUMABLE_KEYS: [&str; 4] = ["schedule.steps", "eval", "checkpoint", "logging"];
+
+fn resumable(key: &str) -> bool {
+    RESUMABLE_KEYS
+        .iter()
+        .any(|a| key == *a || key.strip_prefix(a).is_some_and(|r| r.starts_with('.')))
+}
+
+/// A JSON object's leaves by dotted key (arrays are leaves).
+fn flatten(v: serde_json::Value) -> std::collections::BTreeMap<String, serde_json::Value> {
+    fn go(
+        prefix: &str,
+        v: serde_json::Value,
+        out: &mut std::collections::BTreeMap<String, serde_json::Value>,
+    ) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let key = if prefix.is_empty() {
+                        k
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    go(&key, v, out);
+                }
+            }
+            leaf => {
+                out.insert(prefix.to_string(), leaf);
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    go("", v, &mut out);
+    out
 }
 
 /// Parses an override value as TOML (numbers, booleans, arrays, quoted strings), falling back

@@ -10,7 +10,7 @@
 
 use crate::checkpoint::{self, TrainerState};
 use crate::correction::{CorrectionMode, RatioReference};
-use crate::metrics::{MetricsLog, StepMetrics};
+use crate::metrics::StepMetrics;
 use crate::offpolicy::{OffPolicy, StepDiagnostics};
 use crate::optim::FusedAdamWConfig;
 use crate::recipe::Recipe;
@@ -33,13 +33,12 @@ use rlft_rollout::{
     RolloutConfig, SamplingConfig, Split, Task, TaskKind, Trajectory, rollout,
 };
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// A number in [0, 1) that depends only on `seed` and `index` (SplitMix64's finaliser).
-fn unit_hash(seed: u64, index: u64) -> f64 {
+pub(crate) fn unit_hash(seed: u64, index: u64) -> f64 {
     let mut z = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -206,23 +205,6 @@ impl Default for Extensions {
     }
 }
 
-/// What a finished (or interrupted) run reports.
-#[derive(Debug, Clone)]
-pub struct RunSummary {
-    /// RL steps completed.
-    pub steps: usize,
-    /// Steps skipped for NaN/Inf.
-    pub skipped_steps: usize,
-    /// Stopped by Ctrl-C (a checkpoint was written).
-    pub interrupted: bool,
-    /// Held-out accuracy at RL step 0 and at the end.
-    pub eval_first_last: Option<(f64, f64)>,
-    /// The metrics summary table.
-    pub table: String,
-    /// The exported HF checkpoint, if any.
-    pub exported: Option<PathBuf>,
-}
-
 /// What one step's rollouts produced.
 #[derive(Default)]
 struct Collected {
@@ -241,57 +223,78 @@ struct Collected {
 }
 
 /// One trajectory prepared for the learner (host vectors over its response tokens).
-struct Row {
-    ids: Vec<i64>,
-    prompt_len: usize,
-    mask: Vec<f32>,
+pub(crate) struct Row {
+    pub(crate) ids: Vec<i64>,
+    pub(crate) prompt_len: usize,
+    pub(crate) mask: Vec<f32>,
     /// The ratio's anchor: μ, π_old or π_prox (see [`OffPolicy`]).
-    old_lp: Vec<f32>,
+    pub(crate) old_lp: Vec<f32>,
     /// μ: the behaviour log-probs the sampler recorded.
-    behaviour_lp: Vec<f32>,
+    pub(crate) behaviour_lp: Vec<f32>,
     /// Decoupled mode: IS weights of π_prox against μ.
-    is_w: Option<Vec<f32>>,
-    ref_lp: Option<Vec<f32>>,
-    adv: Vec<f32>,
-    old_values: Option<Vec<f32>>,
-    returns: Option<Vec<f32>>,
+    pub(crate) is_w: Option<Vec<f32>>,
+    pub(crate) ref_lp: Option<Vec<f32>>,
+    pub(crate) adv: Vec<f32>,
+    pub(crate) old_values: Option<Vec<f32>>,
+    pub(crate) returns: Option<Vec<f32>>,
 }
 
 impl Row {
     fn resp_len(&self) -> usize {
         self.mask.len()
     }
+
+    /// A supervised row: `prompt` then the demonstrated `response`, trained where `mask` is 1.
+    pub(crate) fn demonstration(prompt: &[u32], response: &[u32], mask: Vec<f32>) -> Self {
+        let n = response.len();
+        Self {
+            ids: prompt.iter().chain(response).map(|&t| t as i64).collect(),
+            prompt_len: prompt.len(),
+            mask,
+            old_lp: vec![0.0; n],
+            behaviour_lp: vec![0.0; n],
+            is_w: None,
+            ref_lp: None,
+            adv: vec![0.0; n],
+            old_values: None,
+            returns: None,
+        }
+    }
 }
 
 /// A trainer built from a recipe.
 pub struct Trainer {
-    recipe: Recipe,
-    device: Device,
-    plain: Device,
+    pub(crate) recipe: Recipe,
+    pub(crate) device: Device,
+    pub(crate) plain: Device,
     /// The policy (on the autodiff device); `None` only while an optimizer step holds it, so
     /// that its parameters are updated in place ([`Trainer::policy`]).
-    policy: Option<Transformer>,
-    critic: Option<ValueModel>,
-    reference: Option<Transformer>,
+    pub(crate) policy: Option<Transformer>,
+    pub(crate) critic: Option<ValueModel>,
+    pub(crate) reference: Option<Transformer>,
     /// The tokenizer.
     pub tokenizer: Tokenizer,
-    config: TransformerConfig,
-    optim: ModuleOptimizer,
-    critic_optim: Option<ModuleOptimizer>,
-    task: Task,
-    env: Arc<dyn Environment>,
-    rewards: RewardSet,
-    train_set: Dataset,
-    eval_set: Vec<Example>,
-    loader: DataLoader,
-    algo: ResolvedAlgorithm,
-    registry: LossRegistry,
-    state: TrainerState,
+    pub(crate) config: TransformerConfig,
+    pub(crate) optim: ModuleOptimizer,
+    pub(crate) critic_optim: Option<ModuleOptimizer>,
+    pub(crate) task: Task,
+    pub(crate) env: Arc<dyn Environment>,
+    pub(crate) rewards: RewardSet,
+    pub(crate) train_set: Dataset,
+    pub(crate) eval_set: Vec<Example>,
+    pub(crate) loader: DataLoader,
+    pub(crate) algo: ResolvedAlgorithm,
+    pub(crate) registry: LossRegistry,
+    pub(crate) state: TrainerState,
+    /// The warm-up's optimiser, while the warm-up runs.
+    pub(crate) sft_optim: Option<ModuleOptimizer>,
+    /// A checkpoint was loaded (its logs are cut back to it, not started afresh).
+    pub(crate) resumed: bool,
 }
 
 /// AdamW with the recipe's settings (gradient clipping is done by the trainer, which also
 /// needs the norm for metrics and NaN checks).
-fn adamw(o: &crate::recipe::OptimizerSection) -> ModuleOptimizer {
+pub(crate) fn adamw(o: &crate::recipe::OptimizerSection) -> ModuleOptimizer {
     FusedAdamWConfig::new()
         .with_beta_1(o.beta1 as f32)
         .with_beta_2(o.beta2 as f32)
@@ -308,9 +311,14 @@ impl Trainer {
             .expect("the policy is only moved out during an optimizer step")
     }
 
+    /// The run folder: the recipe's `output_dir`, or the folder a resumed run continues in.
+    pub fn output_dir(&self) -> &Path {
+        &self.recipe.output_dir
+    }
+
     /// Moves the policy out for an optimizer step, which puts the result back: while nothing else
     /// holds its parameters, [`crate::optim::FusedAdamW`] updates them where they lie.
-    fn take_policy(&mut self) -> Transformer {
+    pub(crate) fn take_policy(&mut self) -> Transformer {
         self.policy
             .take()
             .expect("the policy is only moved out during an optimizer step")
@@ -318,13 +326,31 @@ impl Trainer {
 
     /// Builds everything a recipe describes (model, reference, critic, task, data), and loads
     /// the checkpoint at `resume` if given. The recipe was validated when loaded.
+    ///
+    /// `resume` is a run folder or one of its checkpoints ([`checkpoint::resume_from`]); a run
+    /// folder with no checkpoint yet starts again from the beginning. The run goes on writing
+    /// into that run folder, and `recipe` must equal the run's stored recipe but for the keys
+    /// [`Recipe::check_resume`] allows to change.
+    ///
+    /// # Errors
+    /// A bad recipe, a model that cannot be loaded, an `output_dir` that holds another run (pass
+    /// it as `resume`), or a checkpoint that does not fit the recipe.
     pub fn new(recipe: Recipe, resume: Option<&Path>) -> Result<Self> {
         Self::with_extensions(recipe, resume, Extensions::default())
     }
 
     /// As [`Trainer::new`], with custom losses and reward terms.
-    pub fn with_extensions(recipe: Recipe, resume: Option<&Path>, ext: Extensions) -> Result<Self> {
+    pub fn with_extensions(
+        mut recipe: Recipe,
+        resume: Option<&Path>,
+        ext: Extensions,
+    ) -> Result<Self> {
         recipe.validate_with(&ext.registry)?;
+        let resume = resume.map(checkpoint::resume_from).transpose()?;
+        if let Some(r) = &resume {
+            recipe.check_resume(&Recipe::from_stored(&r.stored_recipe()?)?)?;
+            recipe.output_dir = r.run_dir();
+        }
         let algo = resolve_algorithm(&recipe, &ext.registry)?;
         let plain = rlft_algo::device::resolve(Some(&recipe.device))?;
         let device = plain.clone().autodiff();
@@ -338,12 +364,14 @@ impl Trainer {
                 .is_some()
         {
             return Err(TrainError::Recipe(format!(
-                "output_dir {} exists and is not empty; choose another output_dir or pass --resume {}",
+                "output_dir {} exists and is not empty; choose another output_dir, or continue \
+                 that run with --resume {}",
                 out.display(),
                 out.display()
             )));
         }
         std::fs::create_dir_all(out).map_err(io_err(out))?;
+        let stored = recipe.to_toml()?;
         let (policy, tokenizer, config) = if recipe.model.path.is_empty() {
             let tokenizer = Tokenizer::byte_level();
             let s = &recipe.model.scratch;
@@ -404,7 +432,8 @@ impl Trainer {
             skipped_steps: 0,
             bad_in_row: 0,
             sft_done: false,
-            recipe: toml::to_string(&recipe).unwrap_or_default(),
+            sft_step: 0,
+            recipe: stored,
             kl_coef: None,
         };
         let mut trainer = Self {
@@ -430,12 +459,20 @@ impl Trainer {
             eval_set,
             algo,
             state: state.clone(),
+            sft_optim: None,
+            resumed: false,
         };
-        if let Some(path) = resume {
-            let dir = checkpoint::locate(path)?;
-            state = checkpoint::read_state(&dir)?;
-            trainer.load_checkpoint(&dir, state)?;
+        if let Some(checkpoint::ResumeFrom::Checkpoint(dir)) = &resume {
+            state = checkpoint::read_state(dir)?;
+            state.recipe = trainer.state.recipe.clone();
+            trainer.load_checkpoint(dir, state)?;
         }
+        // The effective recipe, beside the run's checkpoints: a run killed before its first
+        // checkpoint resumes from it.
+        crate::write_atomic(
+            &trainer.recipe.output_dir.join(checkpoint::RECIPE_FILE),
+            trainer.state.recipe.as_bytes(),
+        )?;
         if trainer.recipe.rollout.top_k > 0
             || trainer.recipe.rollout.top_p < 1.0
             || trainer.recipe.rollout.min_p > 0.0
@@ -446,72 +483,6 @@ impl Trainer {
             );
         }
         Ok(trainer)
-    }
-
-    fn load_checkpoint(&mut self, dir: &Path, state: TrainerState) -> Result<()> {
-        let err = |msg: String| TrainError::Checkpoint {
-            path: dir.into(),
-            msg,
-        };
-        let policy = self
-            .policy()
-            .clone()
-            .try_load_file(dir.join(checkpoint::POLICY_FILE))
-            .map_err(|e| {
-                err(format!(
-                    "policy weights do not fit this recipe's model: {e:?}"
-                ))
-            })?;
-        self.policy = Some(policy);
-        self.optim = adamw(&self.recipe.optimizer)
-            .load(dir.join(checkpoint::OPTIM_FILE))
-            .map_err(|e| err(format!("optimizer state: {e:?}")))?;
-        if let Some(c) = self.critic.take() {
-            self.critic = Some(
-                c.try_load_file(dir.join(checkpoint::CRITIC_FILE))
-                    .map_err(|e| err(format!("critic weights: {e:?}")))?,
-            );
-            self.critic_optim = Some(
-                adamw(&self.recipe.optimizer)
-                    .load(dir.join(checkpoint::CRITIC_OPTIM_FILE))
-                    .map_err(|e| err(format!("critic optimizer state: {e:?}")))?,
-            );
-        }
-        self.loader = DataLoader::new(self.train_set.len(), self.recipe.seed, state.cursor)?;
-        self.state = state;
-        Ok(())
-    }
-
-    fn save_checkpoint(&mut self) -> Result<PathBuf> {
-        self.state.cursor = self.loader.cursor();
-        let policy = self.policy().clone();
-        let optim = &self.optim;
-        let critic = self.critic.clone();
-        let critic_optim = &self.critic_optim;
-        checkpoint::save(
-            &self.recipe.output_dir,
-            &self.state,
-            self.recipe.checkpoint.keep,
-            |dir| {
-                let e = |what: &str, m: String| TrainError::Checkpoint {
-                    path: dir.into(),
-                    msg: format!("cannot write {what}: {m}"),
-                };
-                policy
-                    .save_file(dir.join(checkpoint::POLICY_FILE))
-                    .map_err(|x| e("policy", format!("{x:?}")))?;
-                optim
-                    .save(dir.join(checkpoint::OPTIM_FILE))
-                    .map_err(|x| e("optimizer", format!("{x:?}")))?;
-                if let (Some(c), Some(o)) = (critic, critic_optim) {
-                    c.save_file(dir.join(checkpoint::CRITIC_FILE))
-                        .map_err(|x| e("critic", format!("{x:?}")))?;
-                    o.save(dir.join(checkpoint::CRITIC_OPTIM_FILE))
-                        .map_err(|x| e("critic optimizer", format!("{x:?}")))?;
-                }
-                Ok(())
-            },
-        )
     }
 
     fn lr(&self, step: usize) -> f64 {
@@ -538,7 +509,7 @@ impl Trainer {
     }
 
     /// Held-out greedy pass@1 and mean accuracy over `k` samples.
-    fn evaluate(&self, step: usize) -> Result<(f64, f64)> {
+    pub(crate) fn evaluate(&self, step: usize) -> Result<(f64, f64)> {
         let model = self.policy().valid();
         let run = |group: usize, sampling: SamplingConfig| -> Result<f64> {
             let mut correct = 0.0;
@@ -565,185 +536,6 @@ impl Trainer {
         let greedy = run(1, self.sampling().with_temperature(0.0))?;
         let mean_k = run(self.recipe.eval.k.max(1), self.sampling())?;
         Ok((greedy, mean_k))
-    }
-
-    /// Supervised warm-up on the task's reference completions (`sft.steps` steps), logged to
-    /// `output_dir/sft_metrics.jsonl`.
-    fn sft(&mut self) -> Result<()> {
-        let s = self.recipe.sft.clone();
-        if s.steps == 0 || self.state.sft_done {
-            return Ok(());
-        }
-        let path = self.recipe.output_dir.join("sft_metrics.jsonl");
-        let mut log = MetricsLog::open(&path, None)?;
-        let mut optim = adamw(&crate::recipe::OptimizerSection {
-            lr: s.lr,
-            weight_decay: s.weight_decay,
-            ..self.recipe.optimizer.clone()
-        });
-        let eos = self.tokenizer.eos_ids.first().copied().unwrap_or(0);
-        let schedule = s.lr_schedule();
-        for step in 0..s.steps {
-            let start = Instant::now();
-            let mut rows = Vec::with_capacity(s.batch_size);
-            for i in 0..s.batch_size {
-                let index = 1_000_000 + (step * s.batch_size + i) as u64;
-                let mut ex = self.task.example(Split::Train, index);
-                if unit_hash(self.recipe.seed, index) < s.teacher_error {
-                    ex = self.task.off_by_one(ex);
-                }
-                let prompt = self.tokenizer.encode(&ex.prompt.render(&self.tokenizer)?)?;
-                let mut resp = Vec::new();
-                let mut mask = Vec::new();
-                for (text, obs) in self.task.reference_turns(&ex) {
-                    let ids = self.tokenizer.encode(&text)?;
-                    mask.extend(std::iter::repeat_n(if obs { 0.0 } else { 1.0 }, ids.len()));
-                    resp.extend(ids);
-                }
-                resp.push(eos);
-                mask.push(1.0);
-                let n = resp.len();
-                rows.push(Row {
-                    ids: prompt.iter().chain(&resp).map(|&t| t as i64).collect(),
-                    prompt_len: prompt.len(),
-                    mask,
-                    old_lp: vec![0.0; n],
-                    behaviour_lp: vec![0.0; n],
-                    is_w: None,
-                    ref_lp: None,
-                    adv: vec![0.0; n],
-                    old_values: None,
-                    returns: None,
-                });
-            }
-            let refs: Vec<&Row> = rows.iter().collect();
-            let ids = self.pack(&refs);
-            let mask = self.per_token(&ids, &refs, |r| &r.mask);
-            let lp = ids.logprobs(self.policy(), None)?;
-            let tokens: f32 = rows.iter().map(|r| r.mask.iter().sum::<f32>()).sum();
-            let loss = (lp * mask).sum().neg() * (1.0 / tokens.max(1.0));
-            let loss_v: f32 = loss.clone().into_scalar();
-            let grads = GradientsParams::from_grads(loss.backward(), self.policy());
-            let (grads, norm) = clip_grads(grads, self.policy(), 1.0);
-            // Linear warm-up over the first tenth of the steps (from-scratch models diverge at
-            // full learning rate on their first updates), then the recipe's schedule.
-            let lr = schedule.lr(s.lr, step);
-            if norm.is_finite() && loss_v.is_finite() {
-                self.policy = Some(optim.step(lr, self.take_policy(), grads));
-            }
-            let mut m = StepMetrics::new();
-            m.insert("step".into(), json!(step + 1));
-            m.insert("loss".into(), json!(loss_v));
-            m.insert("grad_norm".into(), json!(norm));
-            m.insert("lr".into(), json!(lr));
-            m.insert("time/step_s".into(), json!(start.elapsed().as_secs_f64()));
-            log.write(m)?;
-        }
-        self.state.sft_done = true;
-        Ok(())
-    }
-
-    /// Runs the recipe to its last step (or until `stop` is set: then a checkpoint is written
-    /// and the summary says `interrupted`).
-    pub fn run(&mut self, stop: Option<Arc<AtomicBool>>) -> Result<RunSummary> {
-        let out = self.recipe.output_dir.clone();
-        self.sft()?;
-        let resumed = self.state.step > 0;
-        let mut log = MetricsLog::open(
-            &out.join("metrics.jsonl"),
-            resumed.then_some(self.state.step),
-        )?;
-        if log.torn_lines > 0 {
-            eprintln!(
-                "note: {}: dropped a torn last line (a write cut short); the steps after the \
-                 checkpoint are recomputed",
-                out.join("metrics.jsonl").display()
-            );
-        }
-        let steps = self.recipe.schedule.steps;
-        let bar = if self.recipe.logging.progress {
-            let b = indicatif::ProgressBar::new(steps as u64);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                .progress_chars("=> "),
-            );
-            b.set_position(self.state.step as u64);
-            b
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
-        if self.state.step == 0 {
-            let (acc, mean_k) = self.evaluate(0)?;
-            let mut m = StepMetrics::new();
-            m.insert("step".into(), json!(0));
-            m.insert("eval/accuracy".into(), json!(acc));
-            m.insert("eval/mean_at_k".into(), json!(mean_k));
-            log.write(m)?;
-        }
-        let mut interrupted = false;
-        while self.state.step < steps {
-            let step = self.state.step + 1;
-            let mut m = self.step(step)?;
-            self.state.step = step;
-            let eval_every = self.recipe.eval.every;
-            if step == steps || (eval_every > 0 && step.is_multiple_of(eval_every)) {
-                let (acc, mean_k) = self.evaluate(step)?;
-                m.insert("eval/accuracy".into(), json!(acc));
-                m.insert("eval/mean_at_k".into(), json!(mean_k));
-            }
-            bar.set_message(format!(
-                "reward {:.3} kl {:.4} {:.0} tok/s",
-                m["reward/mean"].as_f64().unwrap_or(f64::NAN),
-                m["kl"].as_f64().unwrap_or(0.0),
-                m["tokens_per_s"].as_f64().unwrap_or(0.0)
-            ));
-            bar.set_position(step as u64);
-            log.write(m)?;
-            let every = self.recipe.checkpoint.every;
-            let stopping = stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
-            if self.state.bad_in_row >= MAX_BAD_STEPS_IN_ROW {
-                let dir = self.save_checkpoint()?;
-                bar.abandon();
-                return Err(TrainError::Diverged(format!(
-                    "{} steps in a row had NaN/Inf loss or gradients (weights left untouched); \
-                     checkpoint {}; lower optimizer.lr or raise optimizer.grad_clip",
-                    self.state.bad_in_row,
-                    dir.display()
-                )));
-            }
-            if step == steps || stopping || (every > 0 && step.is_multiple_of(every)) {
-                self.save_checkpoint()?;
-            }
-            if stopping && step < steps {
-                interrupted = true;
-                break;
-            }
-        }
-        bar.finish_and_clear();
-        let exported = if self.recipe.checkpoint.export_final && !interrupted {
-            let dir = out.join("final");
-            self.policy()
-                .save_hf(&self.config, Some(&self.tokenizer), &dir)?;
-            Some(dir)
-        } else {
-            None
-        };
-        let evals: Vec<f64> = log
-            .history
-            .iter()
-            .filter_map(|m| m.get("eval/accuracy")?.as_f64())
-            .collect();
-        Ok(RunSummary {
-            steps: self.state.step,
-            skipped_steps: self.state.skipped_steps,
-            interrupted,
-            eval_first_last: evals.first().zip(evals.last()).map(|(a, b)| (*a, *b)),
-            table: log.summary(),
-            exported,
-        })
     }
 
     /// Runs one RL step — rollouts, rewards, advantages, the update — without evaluation,
@@ -810,7 +602,7 @@ impl Trainer {
         Ok(c)
     }
 
-    fn step(&mut self, step: usize) -> Result<StepMetrics> {
+    pub(crate) fn step(&mut self, step: usize) -> Result<StepMetrics> {
         let t0 = Instant::now();
         let Collected {
             groups,
@@ -821,6 +613,7 @@ impl Trainer {
             generate_secs: gen_secs,
             score_secs,
         } = self.collect(step)?;
+        crate::fault::point(|| format!("rollout:{step}"));
         let a = self.recipe.algorithm.clone();
         let r = self.recipe.rollout.clone();
         // Reward statistics over every scored trajectory (before shaping).
@@ -1307,7 +1100,7 @@ impl Trainer {
 
     /// Packs rows in the learner's layout (the sampler's rescoring layout, see
     /// [`LearnerBatch`]).
-    fn pack(&self, rows: &[&Row]) -> LearnerBatch {
+    pub(crate) fn pack(&self, rows: &[&Row]) -> LearnerBatch {
         let seqs: Vec<(&[i64], usize)> = rows.iter().map(|r| (&r.ids[..], r.prompt_len)).collect();
         let pad = self.tokenizer.pad_id.unwrap_or(0) as i64;
         LearnerBatch::new(&seqs, pad, &self.device)
@@ -1315,7 +1108,7 @@ impl Trainer {
 
     /// The per-response-token values `field` of the rows packed as `batch`, as `[n, R]` (`R` the
     /// longest response, zeros past each row's values).
-    fn per_token(
+    pub(crate) fn per_token(
         &self,
         batch: &LearnerBatch,
         rows: &[&Row],
@@ -1362,7 +1155,7 @@ fn is_correct(t: &Trajectory) -> f64 {
 /// Global L2 norm of `grads` over `module`'s parameters; scales them to `max_norm` if larger.
 /// Gradients in host memory are summed and scaled by parallel passes over their elements where
 /// they lie ([`rlft_model::hostmem`]); others by tensor operations on their device.
-fn clip_grads<M: Module>(
+pub(crate) fn clip_grads<M: Module>(
     mut grads: GradientsParams,
     module: &M,
     max_norm: f64,

@@ -1,0 +1,108 @@
+//! The `rlft train` command (the `rlft` binary and the `train` example share it): which recipe
+//! a command line means, Ctrl-C, and the report printed at the end.
+//!
+//! Without `--resume` the recipe file, then `RLFT__…` environment variables, then `--set`
+//! overrides make the effective recipe. With `--resume DIR` the run's stored recipe is the base
+//! (or the recipe file, if one is given) and the result must equal the stored one except for
+//! [`crate::recipe::RESUMABLE_KEYS`].
+
+use crate::checkpoint;
+use crate::{Recipe, Result, RunSummary, TrainError, Trainer};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// How to call the command.
+pub const USAGE: &str = "usage: rlft train RECIPE.toml [--set KEY=VALUE]... [--device D] \
+                         [--resume DIR]\n       rlft train --resume DIR [--set KEY=VALUE]...";
+
+/// One `train` command line, parsed.
+#[derive(Debug, Clone, Default)]
+pub struct TrainCommand {
+    /// The recipe file, if given.
+    pub recipe: Option<PathBuf>,
+    /// `--set KEY=VALUE` overrides, in order.
+    pub overrides: Vec<String>,
+    /// `--resume DIR`: a run folder or one of its checkpoints.
+    pub resume: Option<PathBuf>,
+}
+
+impl TrainCommand {
+    /// The effective recipe the command runs.
+    ///
+    /// # Errors
+    /// No recipe file and nothing to resume, or a bad recipe, override or run folder.
+    pub fn recipe(&self) -> Result<Recipe> {
+        match (&self.recipe, &self.resume) {
+            (Some(path), _) => Recipe::load(path, &self.overrides),
+            (None, Some(dir)) => {
+                let stored = checkpoint::resume_from(dir)?.stored_recipe()?;
+                Recipe::from_toml_str(&stored, &self.overrides)
+            }
+            (None, None) => Err(TrainError::Usage(format!(
+                "no recipe given (a TOML file, e.g. recipes/quickstart.toml)\n{USAGE}"
+            ))),
+        }
+    }
+
+    /// Builds the trainer and runs it to the end, or until `stop` is set.
+    ///
+    /// # Errors
+    /// Everything [`TrainCommand::recipe`], [`Trainer::new`] and [`Trainer::run`] report.
+    pub fn run(&self, stop: Option<Arc<AtomicBool>>) -> Result<(RunSummary, PathBuf)> {
+        let recipe = self.recipe()?;
+        let mut trainer = Trainer::new(recipe, self.resume.as_deref())?;
+        let out = trainer.output_dir().to_path_buf();
+        Ok((trainer.run(stop)?, out))
+    }
+}
+
+/// Installs a Ctrl-C handler: the first Ctrl-C sets the returned flag (the run stops after the
+/// current step, with a checkpoint), the second exits at once with status 130.
+///
+/// # Errors
+/// When a handler is already installed in this process.
+pub fn stop_on_ctrl_c() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!(
+            "\nstopping after this step (a checkpoint will be written); Ctrl-C again to abort"
+        );
+    })
+    .map_err(|e| TrainError::Usage(format!("cannot install the Ctrl-C handler: {e}")))?;
+    Ok(stop)
+}
+
+/// What the command prints when a run ends: the summary table, the evaluation, how to resume
+/// an interrupted run, where the outputs are.
+pub fn report(summary: &RunSummary, out: &std::path::Path) -> String {
+    let mut s = summary.table.clone();
+    if let Some((first, last)) = summary.eval_first_last {
+        s += &format!(
+            "eval/accuracy: {first:.3} at RL step 0 -> {last:.3} at step {}\n",
+            summary.steps
+        );
+    }
+    if summary.skipped_steps > 0 {
+        s += &format!("{} steps skipped (NaN/Inf)\n", summary.skipped_steps);
+    }
+    if summary.interrupted {
+        let at = match summary.warmup_steps {
+            Some(k) => format!("warm-up step {k}"),
+            None => format!("step {}", summary.steps),
+        };
+        s += &format!(
+            "interrupted at {at}; resume with --resume {}\n",
+            out.display()
+        );
+    }
+    if let Some(dir) = &summary.exported {
+        s += &format!("final policy: {}\n", dir.display());
+    }
+    s += &format!("metrics: {}", out.join("metrics.jsonl").display());
+    s
+}

@@ -1,0 +1,334 @@
+//! A run's life: the SFT warm-up, the RL loop with evaluation, checkpoints and Ctrl-C, the
+//! final export. Checkpoints are written every `checkpoint.every` steps of the warm-up and of
+//! RL, when the warm-up ends, at the end, and when asked to stop; every point of a run can be
+//! killed and resumed to the same weights and metrics ([`crate::fault`] names the points the
+//! crash test kills at).
+
+use crate::checkpoint::{self, TrainerState};
+use crate::metrics::{MetricsLog, StepMetrics};
+use crate::trainer::{MAX_BAD_STEPS_IN_ROW, Row, Trainer, adamw, clip_grads, unit_hash};
+use crate::{Result, TrainError};
+use burn::module::Module;
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use rlft_rollout::{DataLoader, Split};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// What a finished (or interrupted) run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// RL steps completed.
+    pub steps: usize,
+    /// SFT warm-up steps completed, when the run stopped during the warm-up.
+    pub warmup_steps: Option<usize>,
+    /// Steps skipped for NaN/Inf.
+    pub skipped_steps: usize,
+    /// Stopped by Ctrl-C (a checkpoint was written).
+    pub interrupted: bool,
+    /// Held-out accuracy at RL step 0 and at the end.
+    pub eval_first_last: Option<(f64, f64)>,
+    /// The metrics summary table.
+    pub table: String,
+    /// The exported HF checkpoint, if any.
+    pub exported: Option<PathBuf>,
+}
+
+fn stopping(stop: Option<&Arc<AtomicBool>>) -> bool {
+    stop.is_some_and(|s| s.load(Ordering::SeqCst))
+}
+
+impl Trainer {
+    /// The warm-up's AdamW (its learning rate and weight decay, the recipe's betas).
+    fn sft_adamw(&self) -> ModuleOptimizer {
+        let s = &self.recipe.sft;
+        adamw(&crate::recipe::OptimizerSection {
+            lr: s.lr,
+            weight_decay: s.weight_decay,
+            ..self.recipe.optimizer.clone()
+        })
+    }
+
+    pub(crate) fn load_checkpoint(&mut self, dir: &Path, state: TrainerState) -> Result<()> {
+        let err = |what: &str, e: String| TrainError::Checkpoint {
+            path: dir.into(),
+            msg: format!(
+                "{what} cannot be read ({e}); the checkpoint is damaged or from another model: \
+                 resume from another checkpoint folder of the run (--resume {}/step-N)",
+                dir.parent().unwrap_or(dir).display()
+            ),
+        };
+        let policy = self
+            .policy()
+            .clone()
+            .try_load_file(dir.join(checkpoint::POLICY_FILE))
+            .map_err(|e| err("the policy weights", format!("{e:?}")))?;
+        self.policy = Some(policy);
+        // A warm-up checkpoint holds the warm-up's optimiser; RL's starts fresh after it.
+        let optim = if state.sft_done {
+            adamw(&self.recipe.optimizer)
+        } else {
+            self.sft_adamw()
+        }
+        .load(dir.join(checkpoint::OPTIM_FILE))
+        .map_err(|e| err("the optimizer state", format!("{e:?}")))?;
+        if state.sft_done {
+            self.optim = optim;
+        } else {
+            self.sft_optim = Some(optim);
+        }
+        if let Some(c) = self.critic.take() {
+            self.critic = Some(
+                c.try_load_file(dir.join(checkpoint::CRITIC_FILE))
+                    .map_err(|e| err("the critic weights", format!("{e:?}")))?,
+            );
+            self.critic_optim = Some(
+                adamw(&self.recipe.optimizer)
+                    .load(dir.join(checkpoint::CRITIC_OPTIM_FILE))
+                    .map_err(|e| err("the critic optimizer state", format!("{e:?}")))?,
+            );
+        }
+        self.loader = DataLoader::new(self.train_set.len(), self.recipe.seed, state.cursor)?;
+        self.state = state;
+        self.resumed = true;
+        Ok(())
+    }
+
+    fn save_checkpoint(&mut self) -> Result<PathBuf> {
+        self.state.cursor = self.loader.cursor();
+        let policy = self.policy().clone();
+        let optim = match (&self.sft_optim, self.state.sft_done) {
+            (Some(o), false) => o,
+            _ => &self.optim,
+        };
+        let critic = self.critic.clone();
+        let critic_optim = &self.critic_optim;
+        checkpoint::save(
+            &self.recipe.output_dir,
+            &self.state,
+            self.recipe.checkpoint.keep,
+            |dir| {
+                let e = |what: &str, m: String| TrainError::Checkpoint {
+                    path: dir.into(),
+                    msg: format!("cannot write {what}: {m}; check the disk's free space"),
+                };
+                policy
+                    .save_file(dir.join(checkpoint::POLICY_FILE))
+                    .map_err(|x| e("policy", format!("{x:?}")))?;
+                optim
+                    .save(dir.join(checkpoint::OPTIM_FILE))
+                    .map_err(|x| e("optimizer", format!("{x:?}")))?;
+                if let (Some(c), Some(o)) = (critic, critic_optim) {
+                    c.save_file(dir.join(checkpoint::CRITIC_FILE))
+                        .map_err(|x| e("critic", format!("{x:?}")))?;
+                    o.save(dir.join(checkpoint::CRITIC_OPTIM_FILE))
+                        .map_err(|x| e("critic optimizer", format!("{x:?}")))?;
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// Supervised warm-up on the task's reference completions (`sft.steps` steps), logged to
+    /// `output_dir/sft_metrics.jsonl`, checkpointed every `checkpoint.every` steps. Returns
+    /// whether it ran to its end (false: stopped by `stop`, after a checkpoint).
+    fn sft(&mut self, stop: Option<&Arc<AtomicBool>>) -> Result<bool> {
+        let s = self.recipe.sft.clone();
+        if s.steps == 0 || self.state.sft_done {
+            self.state.sft_done = true;
+            return Ok(true);
+        }
+        let path = self.recipe.output_dir.join("sft_metrics.jsonl");
+        let mut log = MetricsLog::open(&path, self.resumed.then_some(self.state.sft_step))?;
+        if self.sft_optim.is_none() {
+            self.sft_optim = Some(self.sft_adamw());
+        }
+        let eos = self.tokenizer.eos_ids.first().copied().unwrap_or(0);
+        let schedule = s.lr_schedule();
+        let every = self.recipe.checkpoint.every;
+        for step in self.state.sft_step..s.steps {
+            let start = Instant::now();
+            let mut rows = Vec::with_capacity(s.batch_size);
+            for i in 0..s.batch_size {
+                let index = 1_000_000 + (step * s.batch_size + i) as u64;
+                let mut ex = self.task.example(Split::Train, index);
+                if unit_hash(self.recipe.seed, index) < s.teacher_error {
+                    ex = self.task.off_by_one(ex);
+                }
+                let prompt = self.tokenizer.encode(&ex.prompt.render(&self.tokenizer)?)?;
+                let mut resp = Vec::new();
+                let mut mask = Vec::new();
+                for (text, obs) in self.task.reference_turns(&ex) {
+                    let ids = self.tokenizer.encode(&text)?;
+                    mask.extend(std::iter::repeat_n(if obs { 0.0 } else { 1.0 }, ids.len()));
+                    resp.extend(ids);
+                }
+                resp.push(eos);
+                mask.push(1.0);
+                rows.push(Row::demonstration(&prompt, &resp, mask));
+            }
+            let refs: Vec<&Row> = rows.iter().collect();
+            let ids = self.pack(&refs);
+            let mask = self.per_token(&ids, &refs, |r| &r.mask);
+            let lp = ids.logprobs(self.policy(), None)?;
+            let tokens: f32 = rows.iter().map(|r| r.mask.iter().sum::<f32>()).sum();
+            let loss = (lp * mask).sum().neg() * (1.0 / tokens.max(1.0));
+            let loss_v: f32 = loss.clone().into_scalar();
+            let grads = GradientsParams::from_grads(loss.backward(), self.policy());
+            let (grads, norm) = clip_grads(grads, self.policy(), 1.0);
+            // Linear warm-up over the first tenth of the steps (from-scratch models diverge at
+            // full learning rate on their first updates), then the recipe's schedule.
+            let lr = schedule.lr(s.lr, step);
+            if norm.is_finite() && loss_v.is_finite() {
+                let policy = self.take_policy();
+                if let Some(o) = self.sft_optim.as_mut() {
+                    self.policy = Some(o.step(lr, policy, grads));
+                }
+            }
+            let mut m = StepMetrics::new();
+            m.insert("step".into(), json!(step + 1));
+            m.insert("loss".into(), json!(loss_v));
+            m.insert("grad_norm".into(), json!(norm));
+            m.insert("lr".into(), json!(lr));
+            m.insert("time/step_s".into(), json!(start.elapsed().as_secs_f64()));
+            log.write(m)?;
+            self.state.sft_step = step + 1;
+            crate::fault::point(|| format!("warmup:{}", step + 1));
+            let last = step + 1 == s.steps;
+            if !last && (stopping(stop) || (every > 0 && (step + 1).is_multiple_of(every))) {
+                self.save_checkpoint()?;
+            }
+            if !last && stopping(stop) {
+                return Ok(false);
+            }
+        }
+        self.state.sft_done = true;
+        self.sft_optim = None;
+        Ok(true)
+    }
+
+    /// Runs the recipe to its last step (or until `stop` is set: then a checkpoint is written
+    /// and the summary says `interrupted`).
+    ///
+    /// # Errors
+    /// A file that cannot be written, a model error, or a run that diverged (NaN/Inf in
+    /// [`MAX_BAD_STEPS_IN_ROW`] steps in a row; a checkpoint is written first).
+    pub fn run(&mut self, stop: Option<Arc<AtomicBool>>) -> Result<RunSummary> {
+        let out = self.recipe.output_dir.clone();
+        let warmed_up = self.state.sft_done;
+        if !self.sft(stop.as_ref())? {
+            return Ok(RunSummary {
+                steps: 0,
+                warmup_steps: Some(self.state.sft_step),
+                skipped_steps: 0,
+                interrupted: true,
+                eval_first_last: None,
+                table: String::new(),
+                exported: None,
+            });
+        }
+        // A run resumed from a warm-up checkpoint starts its RL log afresh.
+        let keep = (self.resumed && warmed_up).then_some(self.state.step);
+        let mut log = MetricsLog::open(&out.join("metrics.jsonl"), keep)?;
+        if log.torn_lines > 0 {
+            eprintln!(
+                "note: {}: dropped a torn last line (a write cut short); the steps after the \
+                 checkpoint are recomputed",
+                out.join("metrics.jsonl").display()
+            );
+        }
+        let steps = self.recipe.schedule.steps;
+        let bar = if self.recipe.logging.progress {
+            let b = indicatif::ProgressBar::new(steps as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+            b.set_position(self.state.step as u64);
+            b
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        if self.state.step == 0 && log.history.is_empty() {
+            let (acc, mean_k) = self.evaluate(0)?;
+            let mut m = StepMetrics::new();
+            m.insert("step".into(), json!(0));
+            m.insert("eval/accuracy".into(), json!(acc));
+            m.insert("eval/mean_at_k".into(), json!(mean_k));
+            log.write(m)?;
+            // The warm-up's end is a checkpoint (its line 0 written first, so that a resume
+            // from it keeps that line).
+            if self.recipe.sft.steps > 0 {
+                self.save_checkpoint()?;
+            }
+        }
+        let mut interrupted = false;
+        while self.state.step < steps {
+            let step = self.state.step + 1;
+            let mut m = self.step(step)?;
+            self.state.step = step;
+            crate::fault::point(|| format!("update:{step}"));
+            let eval_every = self.recipe.eval.every;
+            if step == steps || (eval_every > 0 && step.is_multiple_of(eval_every)) {
+                let (acc, mean_k) = self.evaluate(step)?;
+                m.insert("eval/accuracy".into(), json!(acc));
+                m.insert("eval/mean_at_k".into(), json!(mean_k));
+            }
+            bar.set_message(format!(
+                "reward {:.3} kl {:.4} {:.0} tok/s",
+                m["reward/mean"].as_f64().unwrap_or(f64::NAN),
+                m["kl"].as_f64().unwrap_or(0.0),
+                m["tokens_per_s"].as_f64().unwrap_or(0.0)
+            ));
+            bar.set_position(step as u64);
+            log.write(m)?;
+            let every = self.recipe.checkpoint.every;
+            let stopping = stopping(stop.as_ref());
+            if self.state.bad_in_row >= MAX_BAD_STEPS_IN_ROW {
+                let dir = self.save_checkpoint()?;
+                bar.abandon();
+                return Err(TrainError::Diverged(format!(
+                    "{} steps in a row had NaN/Inf loss or gradients (weights left untouched); \
+                     checkpoint {}; lower optimizer.lr or raise optimizer.grad_clip",
+                    self.state.bad_in_row,
+                    dir.display()
+                )));
+            }
+            if step == steps || stopping || (every > 0 && step.is_multiple_of(every)) {
+                self.save_checkpoint()?;
+            }
+            if stopping && step < steps {
+                interrupted = true;
+                break;
+            }
+        }
+        bar.finish_and_clear();
+        let exported = if self.recipe.checkpoint.export_final && !interrupted {
+            let dir = out.join("final");
+            self.policy()
+                .save_hf(&self.config, Some(&self.tokenizer), &dir)?;
+            Some(dir)
+        } else {
+            None
+        };
+        let evals: Vec<f64> = log
+            .history
+            .iter()
+            .filter_map(|m| m.get("eval/accuracy")?.as_f64())
+            .collect();
+        Ok(RunSummary {
+            steps: self.state.step,
+            warmup_steps: None,
+            skipped_steps: self.state.skipped_steps,
+            interrupted,
+            eval_first_last: evals.first().zip(evals.last()).map(|(a, b)| (*a, *b)),
+            table: log.summary(),
+            exported,
+        })
+    }
+}

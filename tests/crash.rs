@@ -1,0 +1,176 @@
+//! The crash test: the `rlft` binary runs a small recipe (warm-up, RL, checkpoints every 2
+//! steps) and is killed with SIGKILL at each kind of point — a warm-up step, inside a
+//! checkpoint write, after a rollout, after an update — then resumed with `rlft train --resume
+//! DIR`. The resumed run must end with the same final weights and the same metrics (all but
+//! `time/*` and `tokens_per_s`) as a run that was never interrupted, bit for bit.
+//!
+//! The child announces the point and waits there (`RLFT_PAUSE_AT`, see `rlft_train::fault`),
+//! so the kill lands exactly at it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn recipe() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/recipes/crash.toml")
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rlft-crash-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn rlft() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rlft"));
+    c.env_remove(rlft::train::fault::PAUSE_ENV);
+    c
+}
+
+fn run_to_end(args: &[&str]) {
+    let out = rlft().arg("train").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "rlft train {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts a run that pauses at `point`, waits for it to get there, and kills it (SIGKILL).
+fn kill_at(out_dir: &Path, point: &str) {
+    let mut child = rlft()
+        .args(["train", &recipe().to_string_lossy()])
+        .arg("--set")
+        .arg(format!("output_dir=\"{}\"", out_dir.display()))
+        .env(rlft::train::fault::PAUSE_ENV, point)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = Vec::new();
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if line == format!("rlft: paused at {point}") {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return;
+        }
+        seen.push(line);
+    }
+    let status = child.wait().unwrap();
+    panic!(
+        "the run never reached {point} ({status}); its stderr:\n{}",
+        seen.join("\n")
+    );
+}
+
+/// A JSONL log's lines without timings and throughput.
+fn metrics(path: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            let mut m: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(l).unwrap();
+            m.retain(|k, _| k != "tokens_per_s" && !k.starts_with("time/"));
+            m
+        })
+        .collect()
+}
+
+fn weights(run: &Path) -> Vec<u8> {
+    let p = run.join("final/model.safetensors");
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn killed_anywhere_then_resumed_equals_an_uninterrupted_run() {
+    let reference = tmp("reference");
+    let set = format!("output_dir=\"{}\"", reference.display());
+    run_to_end(&[&recipe().to_string_lossy(), "--set", &set]);
+    let want_w = weights(&reference);
+    let want_m = metrics(&reference.join("metrics.jsonl"));
+    let want_sft = metrics(&reference.join("sft_metrics.jsonl"));
+    assert_eq!(want_m.len(), 5, "step 0 and 4 RL steps");
+    assert_eq!(want_sft.len(), 4);
+    // The recipe: 4 warm-up steps, 4 RL steps, checkpoints every 2 (warmup-2, step-0, step-2,
+    // step-4).
+    for point in [
+        "warmup:1",
+        "checkpoint:warmup-2",
+        "warmup:3",
+        "checkpoint:step-0",
+        "rollout:1",
+        "update:2",
+        "checkpoint:step-2",
+        "rollout:3",
+        "checkpoint:step-4",
+    ] {
+        let dir = tmp(&point.replace(':', "-"));
+        kill_at(&dir, point);
+        run_to_end(&["--resume", &dir.to_string_lossy()]);
+        assert_eq!(
+            metrics(&dir.join("sft_metrics.jsonl")),
+            want_sft,
+            "warm-up metrics after a kill at {point}"
+        );
+        assert_eq!(
+            metrics(&dir.join("metrics.jsonl")),
+            want_m,
+            "metrics after a kill at {point}"
+        );
+        assert!(
+            weights(&dir) == want_w,
+            "final weights after a kill at {point}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    std::fs::remove_dir_all(&reference).ok();
+}
+
+/// At resume `schedule.steps` extends the run and `eval.*` may change; any other setting is
+/// refused, naming the key, and the run folder is left as it was.
+#[test]
+fn resume_allows_only_the_listed_overrides() {
+    let dir = tmp("overrides");
+    let set = format!("output_dir=\"{}\"", dir.display());
+    run_to_end(&[&recipe().to_string_lossy(), "--set", &set]);
+    let d = dir.to_string_lossy().to_string();
+    let before = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    for (bad, key) in [
+        ("algorithm.kl_coef=0.5", "algorithm.kl_coef"),
+        ("seed=4", "seed"),
+        ("schedule.kind=\"linear\"", "schedule.kind"),
+    ] {
+        let out = rlft()
+            .args(["train", "--resume", &d, "--set", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
+        assert!(
+            err.contains(key) && err.contains("resumed run"),
+            "{bad}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap(),
+        before
+    );
+    run_to_end(&[
+        "--resume",
+        &d,
+        "--set",
+        "schedule.steps=6",
+        "--set",
+        "eval.every=3",
+    ]);
+    let m = metrics(&dir.join("metrics.jsonl"));
+    assert_eq!(m.len(), 7, "extended to 6 steps");
+    assert!(m[6].contains_key("eval/accuracy"));
+    let stored = std::fs::read_to_string(dir.join("recipe.toml")).unwrap();
+    assert!(stored.contains("steps = 6"), "{stored}");
+    std::fs::remove_dir_all(&dir).ok();
+}
