@@ -79,11 +79,27 @@ fn auto() -> Result<Device> {
     if let Ok(s) = std::env::var("BURN_DEVICE")
         && !s.trim().is_empty()
     {
-        // Validate it ourselves: burn's default panics on a backend that is not compiled in.
-        let name = s.split(':').next().unwrap_or_default().to_ascii_lowercase();
+        // burn's default device panics on a name it does not know or did not compile: check
+        // the value against burn's own list first, then resolve it here.
+        let name = s.trim().to_ascii_lowercase();
+        if !BURN_DEVICE_NAMES.contains(&name.as_str()) {
+            return Err(AlgoError::Device(format!(
+                "BURN_DEVICE='{s}' is not a backend burn knows; burn accepts exactly one of {} \
+                 (no device index: for one, set RLFT_DEVICE=cuda:1 or the recipe's device)",
+                BURN_DEVICE_NAMES.join(", ")
+            )));
+        }
+        if ["webgpu", "tch", "remote"].contains(&name.as_str()) {
+            return Err(AlgoError::Device(format!(
+                "BURN_DEVICE='{s}': rlft has no '{name}' backend; use one of {} (compiled in: {})",
+                DEVICE_NAMES.join(", "),
+                compiled_backends().join(", ")
+            )));
+        }
         if !compiled_backends().contains(&name.as_str()) {
             return Err(not_compiled(&name));
         }
+        return parse(&name);
     }
     if compiled_backends().is_empty() {
         return Err(AlgoError::Device(
@@ -92,6 +108,11 @@ fn auto() -> Result<Device> {
     }
     Ok(Device::default())
 }
+
+/// The values burn's default device accepts in `BURN_DEVICE`.
+const BURN_DEVICE_NAMES: [&str; 11] = [
+    "cuda", "rocm", "metal", "vulkan", "webgpu", "wgpu", "cpu", "tch", "remote", "flex", "ndarray",
+];
 
 fn not_compiled(name: &str) -> AlgoError {
     AlgoError::Device(format!(

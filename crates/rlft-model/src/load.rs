@@ -611,6 +611,27 @@ fn build(
     })
 }
 
+/// A tokenizer whose ids run past the embedding would index outside it on the first such token.
+fn check_vocab(
+    path: &Path,
+    config: &TransformerConfig,
+    tokenizer: &crate::Tokenizer,
+) -> Result<()> {
+    if tokenizer.vocab_size() > config.vocab_size {
+        return Err(ModelError::Config {
+            path: path.into(),
+            msg: format!(
+                "the tokenizer has {} token ids but the model's embedding has {} rows \
+                 (vocab_size): the tokenizer belongs to another model; use the tokenizer files \
+                 that came with these weights",
+                tokenizer.vocab_size(),
+                config.vocab_size
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// A checkpoint ready to use: model, architecture and tokenizer.
 #[derive(Debug)]
 pub struct Pretrained {
@@ -628,6 +649,7 @@ impl Pretrained {
         if path.is_dir() {
             let config = TransformerConfig::from_hf_file(&path.join("config.json"))?;
             let tokenizer = crate::Tokenizer::from_hf_dir(path)?;
+            check_vocab(path, &config, &tokenizer)?;
             let files = WeightFiles::open(path)?;
             let model = build(&config, &files, device, dtype, &[])?;
             Ok(Self {
@@ -639,6 +661,7 @@ impl Pretrained {
             let file = GgufFile::open(path)?;
             let tokenizer = crate::Tokenizer::from_gguf(&file)?;
             let (model, config) = Transformer::from_gguf(&file, device, dtype)?;
+            check_vocab(path, &config, &tokenizer)?;
             Ok(Self {
                 model,
                 config,

@@ -148,12 +148,13 @@ impl CorrectionSection {
             ));
         }
         let mut config = CorrectionConfig::default();
+        // Checked even without is_level: a typo must not wait for the day it is used.
+        let threshold: IsThreshold = self
+            .is_threshold
+            .text()
+            .parse()
+            .map_err(|e| bad("is_threshold", format!("{e}")))?;
         if let Some(level) = self.is_level {
-            let threshold: IsThreshold = self
-                .is_threshold
-                .text()
-                .parse()
-                .map_err(|e| bad("is_threshold", format!("{e}")))?;
             config.is = Some(IsConfig {
                 level,
                 threshold,

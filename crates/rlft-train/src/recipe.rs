@@ -635,10 +635,38 @@ impl Recipe {
                 ),
             );
         }
-        if r.max_new_tokens == 0 || r.max_turns == 0 || r.max_total_tokens == 0 {
+        for (k, v) in [
+            ("rollout.max_new_tokens", r.max_new_tokens),
+            ("rollout.max_turns", r.max_turns),
+            ("rollout.max_total_tokens", r.max_total_tokens),
+            ("algorithm.ppo_epochs", a.ppo_epochs),
+            ("algorithm.mini_batches", a.mini_batches),
+            ("algorithm.micro_batch_size", a.micro_batch_size),
+            ("eval.k", self.eval.k),
+        ] {
+            if v == 0 {
+                return bad(k, "must be at least 1".into());
+            }
+        }
+        if !(r.temperature.is_finite() && r.temperature > 0.0) {
             return bad(
-                "rollout",
-                "max_new_tokens, max_turns and max_total_tokens must be ≥ 1".into(),
+                "rollout.temperature",
+                format!(
+                    "must be a finite number > 0 for RL sampling (0 is greedy), got {}",
+                    r.temperature
+                ),
+            );
+        }
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            return bad(
+                "rollout.top_p",
+                format!("must be in (0, 1] (1 keeps every token), got {}", r.top_p),
+            );
+        }
+        if !(0.0..1.0).contains(&r.min_p) {
+            return bad(
+                "rollout.min_p",
+                format!("must be in [0, 1) (0 keeps every token), got {}", r.min_p),
             );
         }
         rlft_rollout::SamplingConfig::new()
@@ -648,12 +676,6 @@ impl Recipe {
             .with_min_p(r.min_p)
             .validate()
             .or_else(|e| bad("rollout", e.to_string()))?;
-        if r.temperature == 0.0 {
-            return bad(
-                "rollout.temperature",
-                "must be > 0 for RL sampling (0 is greedy)".into(),
-            );
-        }
         for (k, v) in [
             ("algorithm.kl_coef", a.kl_coef),
             ("algorithm.entropy_coef", a.entropy_coef),
@@ -683,8 +705,10 @@ impl Recipe {
         if self.optimizer.eps.is_nan() || self.optimizer.eps <= 0.0 {
             return bad("optimizer.eps", "must be > 0".into());
         }
-        if !(0.0..=1.0).contains(&a.gamma) || !(0.0..=1.0).contains(&a.lam) {
-            return bad("algorithm.gamma/lam", "must be in [0, 1]".into());
+        for (k, v) in [("algorithm.gamma", a.gamma), ("algorithm.lam", a.lam)] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(k, format!("must be in [0, 1], got {v}"));
+            }
         }
         for (k, v) in [
             ("algorithm.clip_low", a.clip_low),
@@ -711,12 +735,6 @@ impl Recipe {
                 "sft.batch_size",
                 "must be at least 1 when sft.steps > 0 (set sft.steps = 0 to skip the warm-up)"
                     .into(),
-            );
-        }
-        if a.ppo_epochs == 0 || a.mini_batches == 0 || a.micro_batch_size == 0 {
-            return bad(
-                "algorithm",
-                "ppo_epochs, mini_batches and micro_batch_size must be ≥ 1".into(),
             );
         }
         if a.dynamic_sampling && a.max_gen_batches == 0 {

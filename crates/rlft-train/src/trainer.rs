@@ -370,7 +370,6 @@ impl Trainer {
                 out.display()
             )));
         }
-        std::fs::create_dir_all(out).map_err(io_err(out))?;
         let stored = recipe.to_toml()?;
         let (policy, tokenizer, config) = if recipe.model.path.is_empty() {
             let tokenizer = Tokenizer::byte_level();
@@ -426,6 +425,9 @@ impl Trainer {
             Dataset::from_jsonl(Path::new(&recipe.task.dataset))?
         };
         let eval_set = task.examples(Split::Test, recipe.eval.size);
+        // Created once everything it describes has loaded: bad input leaves nothing behind.
+        let out = &recipe.output_dir;
+        std::fs::create_dir_all(out).map_err(io_err(out))?;
         let mut state = TrainerState {
             step: 0,
             cursor: DataCursor::default(),
@@ -796,7 +798,16 @@ impl Trainer {
                         .squeeze_dim::<2>(2),
                 );
                 for (k, &i) in chunk.iter().enumerate() {
-                    rows[i].old_values = Some(ids.unpack(&v, k, rows[i].resp_len()));
+                    let values = ids.unpack(&v, k, rows[i].resp_len());
+                    if values.iter().any(|x| !x.is_finite()) {
+                        return Err(TrainError::Diverged(
+                            "the critic's values are NaN/Inf (its weights diverged); resume \
+                             from an earlier checkpoint (--resume OUTPUT_DIR/step-N) with a \
+                             lower optimizer.lr or algorithm.value_coef"
+                                .into(),
+                        ));
+                    }
+                    rows[i].old_values = Some(values);
                 }
             }
         }
@@ -929,6 +940,10 @@ impl Trainer {
         // optimizer updates parameters that nothing else holds in place.)
         let before = several.then(|| self.policy().clone());
         let before_optim = several.then(|| self.optim.to_record());
+        let before_critic = several.then(|| self.critic.clone()).flatten();
+        let before_critic_optim = several
+            .then(|| self.critic_optim.as_ref().map(|o| o.to_record()))
+            .flatten();
         for epoch in 0..a.ppo_epochs {
             // A fixed, step-dependent permutation of the rows.
             let mut order: Vec<usize> = (0..n).collect();
@@ -1056,18 +1071,25 @@ impl Trainer {
                     self.recipe.optimizer.grad_clip,
                 );
                 norms.push(norm);
-                if !norm.is_finite() || sums.iter().any(|v| !v.is_finite()) {
+                // The critic's step is checked too: a NaN in it would poison every later value
+                // and advantage.
+                let critic_grads = self
+                    .critic
+                    .as_ref()
+                    .map(|c| clip_grads(critic_accum.grads(), c, self.recipe.optimizer.grad_clip));
+                if !norm.is_finite()
+                    || sums.iter().any(|v| !v.is_finite())
+                    || value_losses.iter().any(|v: &f64| !v.is_finite())
+                    || critic_grads.as_ref().is_some_and(|(_, n)| !n.is_finite())
+                {
                     bad = true;
                     break;
                 }
                 let policy = self.take_policy();
                 self.policy = Some(self.optim.step(lr, policy, grads));
-                if let (Some(critic), Some(o)) = (self.critic.take(), self.critic_optim.as_mut()) {
-                    let (g, _) = clip_grads(
-                        critic_accum.grads(),
-                        &critic,
-                        self.recipe.optimizer.grad_clip,
-                    );
+                if let (Some(critic), Some(o), Some((g, _))) =
+                    (self.critic.take(), self.critic_optim.as_mut(), critic_grads)
+                {
                     self.critic = Some(o.step(lr, critic, g));
                 }
             }
@@ -1082,6 +1104,12 @@ impl Trainer {
             }
             if let Some(record) = before_optim {
                 self.optim = adamw(&self.recipe.optimizer).load_record(record);
+            }
+            if let Some(c) = before_critic {
+                self.critic = Some(c);
+            }
+            if let Some(record) = before_critic_optim {
+                self.critic_optim = Some(adamw(&self.recipe.optimizer).load_record(record));
             }
         }
         let c = count.max(1.0);

@@ -1,0 +1,815 @@
+//! Bad input through the real program: every case runs the `rlft` binary on a broken recipe,
+//! override, environment, dataset, model file or checkpoint and requires a non-zero exit, a
+//! message naming the file or key and what to do, and no panic. Recipe errors must not leave
+//! an output folder behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn recipe() -> String {
+    root()
+        .join("tests/data/recipes/crash.toml")
+        .to_string_lossy()
+        .into()
+}
+
+fn tiny_llama() -> PathBuf {
+    root().join("tests/data/fixtures/tiny-llama")
+}
+
+/// A scratch folder for this test process.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Self {
+        let d = std::env::temp_dir().join(format!("rlft-bad-input-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Self(d)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    fn file(&self, name: &str, bytes: impl AsRef<[u8]>) -> String {
+        let p = self.path(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, bytes).unwrap();
+        p.to_string_lossy().into()
+    }
+    /// A copy of `src` (a folder, one level of files) at `name`.
+    fn copy_dir(&self, src: &Path, name: &str) -> PathBuf {
+        let dst = self.path(name);
+        std::fs::create_dir_all(&dst).unwrap();
+        for e in std::fs::read_dir(src).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_file() {
+                std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+            }
+        }
+        dst
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Case {
+    name: String,
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
+    /// Every one must appear in stderr.
+    expect: Vec<String>,
+    /// Must not exist afterwards (a recipe error leaves nothing behind).
+    not_created: Option<PathBuf>,
+}
+
+fn s(x: &str) -> String {
+    x.to_string()
+}
+
+/// A recipe run with `--set` overrides; the output folder must not be created.
+fn with_set(cases: &mut Vec<Case>, tmp: &Scratch, name: &str, sets: &[&str], expect: &[&str]) {
+    let dir = tmp.path(&format!("out-{}", name.replace(' ', "-")));
+    let mut args = vec![s("train"), recipe()];
+    for o in sets
+        .iter()
+        .map(|o| o.to_string())
+        .chain([format!("output_dir=\"{}\"", dir.display())])
+    {
+        args.push(s("--set"));
+        args.push(o);
+    }
+    cases.push(Case {
+        name: name.into(),
+        args,
+        env: vec![],
+        expect: expect.iter().map(|e| e.to_string()).collect(),
+        not_created: Some(dir),
+    });
+}
+
+fn truncate(path: &Path, keep: usize) {
+    let bytes = std::fs::read(path).unwrap();
+    std::fs::write(path, &bytes[..keep.min(bytes.len())]).unwrap();
+}
+
+#[test]
+fn bad_input_is_a_clear_error_never_a_panic() {
+    let tmp = Scratch::new();
+    let mut cases: Vec<Case> = Vec::new();
+    // --- Recipe values: every range and enum the schema checks.
+    with_set(
+        &mut cases,
+        &tmp,
+        "neg clip_low",
+        &["algorithm.clip_low=-0.1"],
+        &["algorithm.clip_low"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "sft batch 0",
+        &["sft.batch_size=0"],
+        &["sft.batch_size", "at least 1"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "max_prompt_len 0",
+        &["rollout.max_prompt_len=0"],
+        &["rollout.max_prompt_len"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "group_size 0",
+        &["rollout.group_size=0"],
+        &["rollout.group_size"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "prompts 0",
+        &["rollout.prompts_per_step=0"],
+        &["rollout.prompts_per_step"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "neg temperature",
+        &["rollout.temperature=-1.0"],
+        &["rollout.temperature"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "top_p > 1",
+        &["rollout.top_p=1.5"],
+        &["rollout.top_p"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "max_new_tokens 0",
+        &["rollout.max_new_tokens=0"],
+        &["rollout.max_new_tokens"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "neg lr",
+        &["optimizer.lr=-1.0"],
+        &["optimizer.lr"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "nan lr",
+        &["optimizer.lr=nan"],
+        &["optimizer.lr"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "neg grad_clip",
+        &["optimizer.grad_clip=-1.0"],
+        &["optimizer.grad_clip"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "beta2 = 1",
+        &["optimizer.beta2=1.0"],
+        &["optimizer.beta2"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "neg kl",
+        &["algorithm.kl_coef=-0.1"],
+        &["algorithm.kl_coef"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "micro batch 0",
+        &["algorithm.micro_batch_size=0"],
+        &["algorithm.micro_batch_size"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "ppo_epochs 0",
+        &["algorithm.ppo_epochs=0"],
+        &["algorithm.ppo_epochs"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "keep 0",
+        &["checkpoint.keep=0"],
+        &["checkpoint.keep", "at least 1"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "loss typo",
+        &["algorithm.loss=\"grpoo\""],
+        &["grpoo", "grpo"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "advantage typo",
+        &["algorithm.advantage=\"gae2\""],
+        &["gae2"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "schedule kind",
+        &["schedule.kind=\"exp\""],
+        &["schedule.kind", "cosine"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "kl estimator",
+        &["algorithm.kl_estimator=\"k9\""],
+        &["k9"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "correction mode",
+        &["algorithm.correction.mode=\"sometimes\""],
+        &["algorithm.correction.mode", "sometimes"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "is threshold",
+        &["algorithm.correction.is_threshold=\"lots\""],
+        &["is_threshold"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "task name",
+        &["task.name=\"chess\""],
+        &["chess", "arithmetic"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "unknown key",
+        &["algorithm.kl_coeff=0.1"],
+        &["algorithm.kl_coef", "did you mean"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "unknown section",
+        &["algorythm.loss=\"grpo\""],
+        &["algorythm", "algorithm"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "wrong type",
+        &["schedule.steps=\"ten\""],
+        &["schedule.steps"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "unknown device",
+        &["device=\"tpu\""],
+        &["tpu", "flex"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "device not built",
+        &["device=\"cuda\""],
+        &["cuda", "--features cuda"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "bad device index",
+        &["device=\"cuda:x\""],
+        &["cuda:x", "index"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "no equals",
+        &["algorithm.kl_coef"],
+        &["KEY=VALUE"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "dataset missing",
+        &["task.dataset=\"/nonexistent/train.jsonl\""],
+        &["/nonexistent/train.jsonl"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "model missing",
+        &["model.path=\"/nonexistent/model\""],
+        &["/nonexistent/model"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "lora target typo",
+        &["model.lora.target_modules=[\"q_prj\"]", "model.lora.rank=4"],
+        &["q_prj"],
+    );
+    with_set(&mut cases, &tmp, "eval k 0", &["eval.k=0"], &["eval.k"]);
+
+    // --- Recipe files.
+    let file_case = |name: &str, text: &str, expect: &[&str], cases: &mut Vec<Case>| {
+        let path = tmp.file(&format!("{}.toml", name.replace(' ', "-")), text);
+        cases.push(Case {
+            name: name.into(),
+            args: vec![s("train"), path.clone()],
+            env: vec![],
+            expect: expect.iter().map(|e| e.replace("{path}", &path)).collect(),
+            not_created: None,
+        });
+    };
+    file_case("not toml", "seed = = 3\n[model", &["{path}"], &mut cases);
+    file_case(
+        "unknown top key",
+        "lerning_rate = 1\n",
+        &["lerning_rate", "did you mean"],
+        &mut cases,
+    );
+    file_case(
+        "binary junk",
+        "\u{0}\u{1}\u{2}\u{fffd}",
+        &["{path}"],
+        &mut cases,
+    );
+    cases.push(Case {
+        name: "recipe missing".into(),
+        args: vec![s("train"), s("/nonexistent/recipe.toml")],
+        env: vec![],
+        expect: vec![s("/nonexistent/recipe.toml"), s("no such file")],
+        not_created: None,
+    });
+
+    // --- Command line.
+    for (name, args, expect) in [
+        (
+            "no recipe",
+            vec![s("train")],
+            vec![s("no recipe given"), s("usage")],
+        ),
+        (
+            "unknown option",
+            vec![s("train"), recipe(), s("--sett"), s("a=1")],
+            vec![s("--sett"), s("did you mean --set")],
+        ),
+        (
+            "two recipes",
+            vec![s("train"), recipe(), recipe()],
+            vec![s("one recipe file")],
+        ),
+        (
+            "unknown command",
+            vec![s("trian")],
+            vec![s("trian"), s("train")],
+        ),
+    ] {
+        cases.push(Case {
+            name: name.into(),
+            args,
+            env: vec![],
+            expect,
+            not_created: None,
+        });
+    }
+
+    // --- Environment.
+    for (name, var, value, expect) in [
+        (
+            "env override bad",
+            "RLFT__ROLLOUT__GROUP_SIZE",
+            "0",
+            vec![s("rollout.group_size")],
+        ),
+        (
+            "env unknown key",
+            "RLFT__ROLLOUT__GROUPSIZE",
+            "4",
+            vec![s("rollout.group_size")],
+        ),
+        (
+            "BURN_DEVICE unknown",
+            "BURN_DEVICE",
+            "tpu",
+            vec![s("BURN_DEVICE"), s("flex")],
+        ),
+        (
+            "BURN_DEVICE index",
+            "BURN_DEVICE",
+            "flex:0",
+            vec![s("BURN_DEVICE"), s("RLFT_DEVICE")],
+        ),
+        (
+            "BURN_DEVICE not built",
+            "BURN_DEVICE",
+            "cuda",
+            vec![s("--features cuda")],
+        ),
+        ("RLFT_DEVICE bad", "RLFT_DEVICE", "gpu9", vec![s("gpu9")]),
+    ] {
+        let dir = tmp.path(&format!("out-{}", name.replace(' ', "-")));
+        let auto = var.ends_with("DEVICE");
+        let mut args = vec![s("train"), recipe()];
+        for o in [
+            format!("output_dir=\"{}\"", dir.display()),
+            if auto {
+                s("device=\"auto\"")
+            } else {
+                s("seed=3")
+            },
+        ] {
+            args.push(s("--set"));
+            args.push(o);
+        }
+        cases.push(Case {
+            name: name.into(),
+            args,
+            env: vec![(var, value.into())],
+            expect,
+            not_created: Some(dir),
+        });
+    }
+
+    // --- Datasets.
+    for (name, text, expect) in [
+        (
+            "dataset not json",
+            "this is not json\n",
+            vec![s(".jsonl:1:"), s("expected an object")],
+        ),
+        (
+            "dataset no prompt",
+            "{\"answer\": \"3\"}\n",
+            vec![s(".jsonl:1:"), s("prompt")],
+        ),
+        (
+            "dataset wrong type",
+            "{\"prompt\": 7, \"answer\": \"3\"}\n",
+            vec![s("line 1")],
+        ),
+        ("dataset empty", "", vec![s("no examples")]),
+        (
+            "dataset bad 2nd line",
+            "{\"prompt\": \"1+1\", \"answer\": \"2\"}\n{\"prompt\": \n",
+            vec![s(".jsonl:2:")],
+        ),
+    ] {
+        let path = tmp.file(&format!("{}.jsonl", name.replace(' ', "-")), text);
+        let mut expect = expect;
+        expect.push(path.clone());
+        with_set(
+            &mut cases,
+            &tmp,
+            name,
+            &[&format!("task.dataset=\"{path}\"")],
+            &[],
+        );
+        let last = cases.last_mut().unwrap();
+        last.expect = expect;
+    }
+
+    // --- Model files (an HF folder copied from the tiny fixture, then broken).
+    let model_case =
+        |name: &str, break_it: &dyn Fn(&Path), expect: &[&str], cases: &mut Vec<Case>| {
+            let dir = tmp.copy_dir(&tiny_llama(), &format!("model-{}", name.replace(' ', "-")));
+            break_it(&dir);
+            let out_dir = tmp.path(&format!("out-model-{}", name.replace(' ', "-")));
+            cases.push(Case {
+                name: name.into(),
+                args: vec![
+                    s("train"),
+                    recipe(),
+                    s("--set"),
+                    format!("model.path=\"{}\"", dir.display()),
+                    s("--set"),
+                    format!("output_dir=\"{}\"", out_dir.display()),
+                ],
+                env: vec![],
+                expect: expect
+                    .iter()
+                    .map(|e| e.replace("{dir}", &dir.to_string_lossy()))
+                    .collect(),
+                not_created: None,
+            });
+        };
+    model_case(
+        "weights truncated",
+        &|d| truncate(&d.join("model.safetensors"), 3000),
+        &["model.safetensors"],
+        &mut cases,
+    );
+    model_case(
+        "weights header junk",
+        &|d| {
+            std::fs::write(
+                d.join("model.safetensors"),
+                b"\xff\xff\xff\xff\xff\xff\xff\x7fjunk",
+            )
+            .unwrap()
+        },
+        &["model.safetensors"],
+        &mut cases,
+    );
+    model_case(
+        "weights missing",
+        &|d| std::fs::remove_file(d.join("model.safetensors")).unwrap(),
+        &["{dir}", "safetensors"],
+        &mut cases,
+    );
+    model_case(
+        "config not json",
+        &|d| std::fs::write(d.join("config.json"), "{ nope").unwrap(),
+        &["config.json"],
+        &mut cases,
+    );
+    model_case(
+        "config missing",
+        &|d| std::fs::remove_file(d.join("config.json")).unwrap(),
+        &["config.json"],
+        &mut cases,
+    );
+    model_case(
+        "config other size",
+        &|d| {
+            let c = std::fs::read_to_string(d.join("config.json")).unwrap();
+            let mut v: serde_json::Value = serde_json::from_str(&c).unwrap();
+            let h = v["hidden_size"].as_u64().unwrap();
+            v["hidden_size"] = (h * 2).into();
+            std::fs::write(d.join("config.json"), v.to_string()).unwrap();
+        },
+        &["config.json", "shape"],
+        &mut cases,
+    );
+    model_case(
+        "config unsupported arch",
+        &|d| {
+            let c = std::fs::read_to_string(d.join("config.json")).unwrap();
+            let mut v: serde_json::Value = serde_json::from_str(&c).unwrap();
+            v["model_type"] = "gpt2".into();
+            std::fs::write(d.join("config.json"), v.to_string()).unwrap();
+        },
+        &["config.json", "gpt2"],
+        &mut cases,
+    );
+    model_case(
+        "tokenizer not json",
+        &|d| std::fs::write(d.join("tokenizer.json"), "][").unwrap(),
+        &["tokenizer.json"],
+        &mut cases,
+    );
+    model_case(
+        "vocab past the embedding",
+        &|d| {
+            let c = std::fs::read_to_string(d.join("config.json")).unwrap();
+            let mut v: serde_json::Value = serde_json::from_str(&c).unwrap();
+            v["vocab_size"] = 8.into();
+            std::fs::write(d.join("config.json"), v.to_string()).unwrap();
+        },
+        &["tokenizer", "embedding"],
+        &mut cases,
+    );
+    let gguf = tmp.file(
+        "junk.gguf",
+        b"GGUF\x03\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff",
+    );
+    cases.push(Case {
+        name: "gguf junk".into(),
+        args: vec![
+            s("train"),
+            recipe(),
+            s("--set"),
+            format!("model.path=\"{gguf}\""),
+            s("--set"),
+            format!("output_dir=\"{}\"", tmp.path("out-gguf").display()),
+        ],
+        env: vec![],
+        expect: vec![gguf.clone()],
+        not_created: None,
+    });
+
+    // --- Checkpoints: a real run, then copies of it broken.
+    let run = tmp.path("run");
+    let ok = Command::new(env!("CARGO_BIN_EXE_rlft"))
+        .args(["train", &recipe(), "--set"])
+        .arg(format!("output_dir=\"{}\"", run.display()))
+        .args(["--set", "schedule.steps=2", "--set", "sft.steps=2"])
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let ckpt_case = |name: &str,
+                     break_it: &dyn Fn(&Path),
+                     extra: &[&str],
+                     expect: &[&str],
+                     cases: &mut Vec<Case>| {
+        let dir = tmp.path(&format!("run-{}", name.replace(' ', "-")));
+        copy_tree(&run, &dir);
+        break_it(&dir);
+        let mut args = vec![s("train"), s("--resume"), dir.to_string_lossy().into()];
+        args.extend(extra.iter().map(|e| e.to_string()));
+        cases.push(Case {
+            name: name.into(),
+            args,
+            env: vec![],
+            expect: expect
+                .iter()
+                .map(|e| e.replace("{dir}", &dir.to_string_lossy()))
+                .collect(),
+            not_created: None,
+        });
+    };
+    ckpt_case(
+        "state not json",
+        &|d| std::fs::write(d.join("step-2/state.json"), "{").unwrap(),
+        &[],
+        &["state.json", "older"],
+        &mut cases,
+    );
+    ckpt_case(
+        "policy truncated",
+        &|d| truncate(&d.join("step-2/policy.bpk"), 100),
+        &[],
+        &["step-2", "policy"],
+        &mut cases,
+    );
+    ckpt_case(
+        "optimizer truncated",
+        &|d| truncate(&d.join("step-2/optimizer.bin"), 10),
+        &[],
+        &["step-2", "optimizer"],
+        &mut cases,
+    );
+    ckpt_case(
+        "latest dangling",
+        &|d| std::fs::write(d.join("latest"), "step-9").unwrap(),
+        &[],
+        &["step-9", "--resume"],
+        &mut cases,
+    );
+    ckpt_case(
+        "policy of another size",
+        &|d| {
+            // The stored recipe says hidden 32; weights of a 64-wide model cannot load.
+            let other = tmp.path("run-other-size");
+            let ok = Command::new(env!("CARGO_BIN_EXE_rlft"))
+                .args(["train", &recipe(), "--set"])
+                .arg(format!("output_dir=\"{}\"", other.display()))
+                .args(["--set", "schedule.steps=1", "--set", "sft.steps=0"])
+                .args(["--set", "model.scratch.hidden_size=64"])
+                .output()
+                .unwrap();
+            assert!(
+                ok.status.success(),
+                "{}",
+                String::from_utf8_lossy(&ok.stderr)
+            );
+            std::fs::copy(other.join("step-1/policy.bpk"), d.join("step-2/policy.bpk")).unwrap();
+        },
+        &[],
+        &["step-2", "policy", "another model"],
+        &mut cases,
+    );
+    ckpt_case(
+        "changed setting at resume",
+        &|_| {},
+        &["--set", "algorithm.loss=\"dapo\""],
+        &["algorithm.loss", "resumed run"],
+        &mut cases,
+    );
+    ckpt_case(
+        "no recipe stored",
+        &|d| {
+            for e in std::fs::read_dir(d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    std::fs::remove_dir_all(p).unwrap();
+                }
+            }
+            std::fs::remove_file(d.join("latest")).unwrap();
+            std::fs::write(d.join("recipe.toml"), "").unwrap();
+        },
+        &[],
+        &["recipe.toml", "pass the recipe file"],
+        &mut cases,
+    );
+    cases.push(Case {
+        name: "resume nothing".into(),
+        args: vec![s("train"), s("--resume"), s("/nonexistent/run")],
+        env: vec![],
+        expect: vec![s("/nonexistent/run"), s("output_dir")],
+        not_created: None,
+    });
+    let empty = tmp.path("empty-run");
+    std::fs::create_dir_all(&empty).unwrap();
+    cases.push(Case {
+        name: "resume not a run".into(),
+        args: vec![s("train"), s("--resume"), empty.to_string_lossy().into()],
+        env: vec![],
+        expect: vec![empty.to_string_lossy().into(), s("neither a checkpoint")],
+        not_created: None,
+    });
+    cases.push(Case {
+        name: "output_dir taken".into(),
+        args: vec![
+            s("train"),
+            recipe(),
+            s("--set"),
+            format!("output_dir=\"{}\"", run.display()),
+        ],
+        env: vec![],
+        expect: vec![run.to_string_lossy().into(), s("--resume")],
+        not_created: None,
+    });
+
+    let mut failed = Vec::new();
+    for c in &cases {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlft"));
+        cmd.args(&c.args)
+            .env_remove("BURN_DEVICE")
+            .env_remove("RLFT_DEVICE")
+            .env_remove(rlft::train::fault::PAUSE_ENV);
+        for (k, v) in &c.env {
+            cmd.env(k, v);
+        }
+        let o = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        let mut why = Vec::new();
+        if o.status.success() {
+            why.push("exited 0".to_string());
+        }
+        if err.contains("panicked") {
+            why.push("panicked".into());
+        }
+        for e in &c.expect {
+            if !err.contains(e.as_str()) {
+                why.push(format!("no {e:?}"));
+            }
+        }
+        if let Some(d) = &c.not_created
+            && d.exists()
+        {
+            why.push(format!("left {} behind", d.display()));
+        }
+        println!("{}: {}", c.name, err.trim());
+        if !why.is_empty() {
+            failed.push(format!(
+                "{}: {} — stderr: {}",
+                c.name,
+                why.join(", "),
+                err.trim()
+            ));
+        }
+    }
+    println!(
+        "{} passed, {} failed",
+        cases.len() - failed.len(),
+        failed.len()
+    );
+    assert!(cases.len() >= 40, "only {} cases", cases.len());
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+fn copy_tree(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let p = e.unwrap().path();
+        let to = dst.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_tree(&p, &to);
+        } else {
+            std::fs::copy(&p, &to).unwrap();
+        }
+    }
+}
