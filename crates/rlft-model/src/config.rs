@@ -205,10 +205,17 @@ impl TransformerConfig {
         };
         let mut rope = serde_json::json!({"rope_type": "default", "rope_theta": self.rope_theta});
         if let Some(s) = &self.rope_scaling {
+            // transformers wants an integer here (and warns about 8192.0).
+            let orig = s.original_max_position_embeddings;
+            let orig = if orig.fract() == 0.0 && (0.0..9e15).contains(&orig) {
+                serde_json::json!(orig as u64)
+            } else {
+                serde_json::json!(orig)
+            };
             rope = serde_json::json!({
                 "rope_type": "llama3", "rope_theta": self.rope_theta, "factor": s.factor,
                 "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
-                "original_max_position_embeddings": s.original_max_position_embeddings,
+                "original_max_position_embeddings": orig,
             });
         }
         serde_json::json!({

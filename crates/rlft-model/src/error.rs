@@ -83,6 +83,10 @@ pub enum ModelError {
     /// A LoRA configuration that cannot be applied.
     #[error("LoRA: {0}")]
     Lora(String),
+    /// RoPE frequencies that a Hugging Face `config.json` cannot declare, or divisors that are
+    /// not Llama 3 scaling.
+    #[error("RoPE scaling: {0}")]
+    RopeScaling(String),
     /// Inputs of the wrong shape.
     #[error("{0}")]
     Input(String),

@@ -148,12 +148,18 @@ impl Transformer {
     /// `model.safetensors` (f32, LoRA merged), `generation_config.json` and, given a tokenizer,
     /// its files. Files are written under temporary names and renamed, so an interrupted export
     /// never leaves a half-written `model.safetensors`.
+    ///
+    /// # Errors
+    /// [`ModelError::RopeScaling`], before anything is written, when `config` declares other
+    /// RoPE frequencies than the model uses (a GGUF whose `rope_freqs.weight` is not Llama 3
+    /// scaling: `config.json` cannot express it); I/O errors.
     pub fn save_hf(
         &self,
         config: &TransformerConfig,
         tokenizer: Option<&Tokenizer>,
         dir: &Path,
     ) -> Result<()> {
+        crate::rope::check_exportable(&self.rope_inv_freq, config)?;
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ModelError::Io { path, source }

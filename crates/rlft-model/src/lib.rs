@@ -16,6 +16,7 @@ pub mod host;
 pub mod hostmem;
 mod load;
 pub mod model;
+mod rope;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
@@ -26,4 +27,5 @@ pub use gguf::GgufFile;
 pub use host::{DECODE_ROWS, HostKvCache, HostWeights};
 pub use load::Pretrained;
 pub use model::{ForwardInput, KvCache, Transformer, ValueModel};
+pub use rope::LLAMA3_ORIGINAL_CONTEXT;
 pub use tokenizer::{TokenStream, Tokenizer};

@@ -99,7 +99,7 @@ fn missing(name: &str, shape: &[usize], root: &Path) -> ModelError {
     }
 }
 
-fn check_shape(name: &str, got: &[usize], expected: &[usize]) -> Result<()> {
+pub(crate) fn check_shape(name: &str, got: &[usize], expected: &[usize]) -> Result<()> {
     if got != expected {
         return Err(ModelError::TensorShape {
             name: name.into(),
@@ -158,7 +158,7 @@ impl WeightSource for WeightFiles {
 }
 
 /// HF tensor name → GGUF tensor name (llama.cpp's naming).
-fn gguf_name(hf: &str) -> Option<String> {
+pub(crate) fn gguf_name(hf: &str) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -349,13 +349,11 @@ impl Transformer {
             .unwrap_or_default();
         let permuted = (arch == "llama").then_some((cfg.num_heads, cfg.num_kv_heads));
         let source = GgufSource { file, permuted };
-        let mut model = build(&cfg, &source, device, dtype, &["rope_freqs.weight"])?;
-        // Llama 3 GGUFs carry the rope scaling as per-frequency divisors.
-        if let Some((shape, factors)) = file.read_f32("rope_freqs.weight") {
-            check_shape("rope_freqs.weight", &shape, &[cfg.head_dim / 2])?;
-            for (f, s) in model.rope_inv_freq.iter_mut().zip(factors) {
-                *f /= s as f64;
-            }
+        let mut model = build(&cfg, &source, device, dtype, &[crate::rope::ROPE_FREQS])?;
+        // Llama 3 GGUFs carry the rope scaling as per-frequency divisors: the model uses them
+        // as they are; `cfg.rope_scaling` holds the parameters they were computed from.
+        if let Some(inv_freq) = crate::rope::gguf_inv_freq(file, &cfg)? {
+            model.rope_inv_freq = inv_freq;
         }
         Ok((model, cfg))
     }
@@ -410,7 +408,7 @@ impl TransformerConfig {
             .get("token_embd.weight")
             .ok_or_else(|| missing("token_embd.weight", &[0, d], file.path()))?;
         let vocab = opt_int("vocab_size").map_or_else(|| embd.shape()[0], |v| v as usize);
-        Ok(TransformerConfig {
+        let mut cfg = TransformerConfig {
             model_type: model_type.into(),
             vocab_size: vocab,
             hidden_size: d,
@@ -426,7 +424,9 @@ impl TransformerConfig {
             attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
             qk_norm: file.tensors.contains_key("blk.0.attn_q_norm.weight"),
             max_position_embeddings: opt_int("context_length").map_or(4096, |v| v as usize),
-        })
+        };
+        cfg.rope_scaling = crate::rope::gguf_scaling(file, arch, &cfg)?;
+        Ok(cfg)
     }
 
     /// A randomly initialised model (HF's scheme: weights N(0, 0.02), biases 0, norms 1) for
