@@ -34,18 +34,6 @@ simple, cheap and surprisingly effective on arithmetic and coding tasks, where c
 be checked exactly. Variants change how the loss is averaged over tokens and sequences, how the \
 ratio is clipped, and whether a reference model is kept for a KL penalty.";
 
-fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -65,7 +53,7 @@ fn main() -> Result<()> {
     anyhow::ensure!(new_tokens >= 1, "--new-tokens must be at least 1");
     let device = common::device(&args)?;
     let p = common::load(&args, &device)?;
-    let load_rss = peak_rss_mb();
+    let load_rss = common::peak_rss_mb();
     let ids = p.tokenizer.encode(TEXT)?;
     anyhow::ensure!(
         ids.len() >= 32 + 7 * 8,
@@ -120,7 +108,7 @@ fn main() -> Result<()> {
         "decode_tok_s_b1": (decode[0] * 10.0).round() / 10.0,
         "decode_tok_s_b8": (decode[1] * 10.0).round() / 10.0,
         "forward_tok_s": ((b * t) as f64 / median(fwd) * 10.0).round() / 10.0,
-        "peak_rss_mb": peak_rss_mb().round(),
+        "peak_rss_mb": common::peak_rss_mb().round(),
         "load_rss_mb": load_rss.round(),
         "device": format!("{device:?}"),
         "reps": reps,

@@ -52,3 +52,16 @@ impl PolicyLoss for TruncatedIsPg {
         Ok(terms)
     }
 }
+
+/// The process's peak resident memory in MB (`VmHWM`; NaN where `/proc` is missing).
+pub fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}

@@ -146,6 +146,20 @@ impl Transformer {
         self.logits(h.reshape([b * l, d]).select(0, positions).unsqueeze::<3>())
     }
 
+    /// Final hidden states `[n, d]` at `n` positions of the pass, given as in
+    /// [`Transformer::forward_at`]; [`Transformer::output_head`] turns them into logits. A
+    /// learner that runs the head in chunks (to bound the `[n, vocab]` memory) starts here.
+    pub fn hidden_at(&self, input: &ForwardInput, positions: Tensor<1, Int>) -> Tensor<2> {
+        let h = self.hidden_states(input);
+        let [b, l, d] = h.dims();
+        h.reshape([b * l, d]).select(0, positions)
+    }
+
+    /// The output head: logits `[batch, len, vocab]` from final hidden states `[batch, len, d]`.
+    pub fn output_head(&self, h: Tensor<3>) -> Tensor<3> {
+        self.logits(h)
+    }
+
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
             Some(head) => head.forward(h),

@@ -217,6 +217,12 @@ impl LearnerBatch {
         self.int(&self.targets, [1, self.targets.len()])
     }
 
+    /// The `T` positions of the forward pass (flattened `[bins·W]` indices) that predict the
+    /// response tokens, rows in order.
+    pub fn predict_positions(&self) -> Tensor<1, Int> {
+        self.int1(&self.predict)
+    }
+
     /// Logits `[1, T, vocab]` at the `T` positions that predict the response tokens (the output
     /// head runs at those positions only).
     pub fn response_logits(&self, model: &Transformer) -> Tensor<3> {

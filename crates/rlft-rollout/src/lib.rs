@@ -8,6 +8,7 @@ pub mod dataset;
 pub mod env;
 pub mod expr;
 mod layout;
+pub mod learner;
 pub mod reward;
 mod rollout;
 mod sampler;

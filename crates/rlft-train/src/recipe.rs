@@ -228,6 +228,14 @@ pub struct AlgorithmSection {
     pub mini_batches: usize,
     /// Sequences per micro-batch (gradient accumulation inside a mini-batch).
     pub micro_batch_size: usize,
+    /// Most tokens (prompt + response) in one micro-batch, besides `micro_batch_size` rows
+    /// (0: no token limit). Bounds the learner's activations by a setting, not by the data;
+    /// a row longer than the budget goes alone.
+    pub micro_batch_tokens: usize,
+    /// Response positions whose logits the learner's output head and softmax hold at once
+    /// (0: as many as fit in 1 GiB of f32 logits at the model's vocabulary). The gradient is
+    /// the same; chunks smaller than a micro-batch cost a second forward pass of the head.
+    pub logits_chunk_tokens: usize,
     /// DAPO dynamic sampling: drop groups whose rewards are all equal and sample more.
     pub dynamic_sampling: bool,
     /// Most generation rounds per step when dynamic sampling refills the batch.
@@ -273,6 +281,8 @@ impl Default for AlgorithmSection {
             ppo_epochs: 1,
             mini_batches: 1,
             micro_batch_size: 64,
+            micro_batch_tokens: 0,
+            logits_chunk_tokens: 0,
             dynamic_sampling: false,
             max_gen_batches: 3,
             overlong_cache_len: 0,

@@ -22,12 +22,12 @@ use rayon::prelude::*;
 use rlft_algo::advantage::{AdvantageEstimator, AdvantageInput};
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
 use rlft_algo::kl::{AdaptiveKlController, KlEstimator, kl_penalty};
-use rlft_algo::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
+use rlft_algo::loss::{LossRegistry, MetricValues, PolicyLossConfig, PolicyLossInput};
 use rlft_algo::ratio::RatioLevel;
 use rlft_algo::shaping::OverlongPenalty;
-use rlft_algo::{entropy_from_logits, logprobs_from_logits};
 use rlft_model::hostmem::{CHUNK, HostF32, is_host_f32, read_f32};
 use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
+use rlft_rollout::learner::{LossOut, chunk_for_budget, chunked_backward};
 use rlft_rollout::{
     DataCursor, DataLoader, Dataset, Environment, Example, Group, LearnerBatch, RewardSet,
     RolloutConfig, SamplingConfig, Split, Task, TaskKind, Trajectory, rollout,
@@ -44,6 +44,10 @@ pub(crate) fn unit_hash(seed: u64, index: u64) -> f64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     (z ^ (z >> 31)) as f64 / 18_446_744_073_709_551_616.0
 }
+
+/// The logits one chunk of the learner's output head may hold when
+/// `algorithm.logits_chunk_tokens` is 0 (auto).
+pub const LOGITS_CHUNK_BYTES: usize = 1 << 30;
 
 /// Skipped (NaN/Inf) steps in a row that stop the run.
 pub const MAX_BAD_STEPS_IN_ROW: usize = 3;
@@ -765,28 +769,32 @@ impl Trainer {
     ) -> Result<()> {
         let a = &self.recipe.algorithm;
         let temperature = self.recipe.rollout.temperature;
-        let mb = a.micro_batch_size;
         let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
         let old_pass = self.algo.offpolicy.needs_old_pass(on_policy, stale);
         let policy = self.policy().valid();
         let critic = self.critic.as_ref().map(|c| c.valid());
         let mut prox: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
         let mut prox_secs = 0.0;
-        for chunk in (0..rows.len()).collect::<Vec<_>>().chunks(mb) {
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let logits_chunk = self.logits_chunk();
+        for chunk in self.micro_batches(&all, rows) {
+            let chunk = &chunk[..];
             let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
             let ids = self.pack(&refs);
             // Frozen (`valid()`) models live on the plain device.
             let ids_plain = ids.to_device(&self.plain);
             if old_pass {
                 let t0 = Instant::now();
-                let lp = host(ids_plain.logprobs(&policy, Some(temperature))?);
+                let lp =
+                    host(ids_plain.logprobs_chunked(&policy, Some(temperature), logits_chunk)?);
                 for (k, &i) in chunk.iter().enumerate() {
                     prox[i] = ids.unpack(&lp, k, rows[i].resp_len());
                 }
                 prox_secs += t0.elapsed().as_secs_f64();
             }
             if let Some(reference) = &self.reference {
-                let lp = host(ids_plain.logprobs(reference, Some(temperature))?);
+                let lp =
+                    host(ids_plain.logprobs_chunked(reference, Some(temperature), logits_chunk)?);
                 for (k, &i) in chunk.iter().enumerate() {
                     rows[i].ref_lp = Some(ids.unpack(&lp, k, rows[i].resp_len()));
                 }
@@ -974,22 +982,19 @@ impl Trainer {
                 };
                 let mut accum = GradientsAccumulator::<Transformer>::new();
                 let mut critic_accum = GradientsAccumulator::<ValueModel>::new();
-                for micro in mini.chunks(a.micro_batch_size) {
+                for micro in self.micro_batches(&mini, rows) {
                     let refs: Vec<&Row> = micro.iter().map(|&i| &rows[i]).collect();
                     let ids = self.pack(&refs);
-                    let mut mask = self.per_token(&ids, &refs, |r| &r.mask);
+                    let mask = self.per_token(&ids, &refs, |r| &r.mask);
                     let old = self.per_token(&ids, &refs, |r| &r.old_lp);
                     let adv = self.per_token(&ids, &refs, |r| &r.adv);
-                    let mut weights = refs
+                    let weights = refs
                         .iter()
                         .all(|r| r.is_w.is_some())
                         .then(|| self.per_token(&ids, &refs, |r| r.is_w.as_deref().unwrap_or(&[])));
-                    let logits = ids.response_logits(self.policy());
-                    let lp = ids.rows(logprobs_from_logits(
-                        logits.clone(),
-                        ids.targets(),
-                        Some(temperature),
-                    )?);
+                    let ref_lp = self.reference.is_some().then(|| {
+                        self.per_token(&ids, &refs, |r| r.ref_lp.as_deref().unwrap_or(&[]))
+                    });
                     let bypass = self.algo.offpolicy.mode == CorrectionMode::Bypass;
                     let width = ids.response_len();
                     let mask_h = if bypass {
@@ -997,50 +1002,61 @@ impl Trainer {
                     } else {
                         Vec::new()
                     };
-                    if mask_h.iter().any(|m| *m > 0.5) {
-                        // verl's bypass: πθ (detached) against μ, the anchor, per micro-batch.
-                        let dims = [refs.len(), width];
-                        let out = diag.correct(
-                            &host(lp.clone().detach()),
-                            &aligned(&refs, width, |r| &r.behaviour_lp),
-                            &mask_h,
-                            dims,
-                            &self.algo.offpolicy.correction,
-                        )?;
-                        let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
-                        mask = t2(&self.device, f32s(out.mask), dims[0], dims[1]);
-                        weights = out
-                            .weights
-                            .filter(|_| self.algo.offpolicy.bypass_applies_weights)
-                            .map(|w| t2(&self.device, f32s(w), dims[0], dims[1]));
-                    }
-                    // Without an entropy bonus the entropy is only a metric: computed off the
-                    // autodiff graph, so the backward pass neither keeps nor walks it.
-                    let ent = ids.rows(if a.entropy_coef > 0.0 {
-                        entropy_from_logits(logits, Some(temperature))?
-                    } else {
-                        entropy_from_logits(logits.detach(), Some(temperature))?
-                    });
-                    let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
-                        .with_entropy(ent)
-                        .with_global(global);
-                    if let Some(w) = weights {
-                        input = input.with_rollout_is_weights(w);
-                    }
-                    if self.reference.is_some() {
-                        let r = self.per_token(&ids, &refs, |r| r.ref_lp.as_deref().unwrap_or(&[]));
-                        input = input.with_ref_log_prob(r);
-                    }
-                    let out = self
-                        .registry
-                        .compute(&self.algo.loss, &input, &self.algo.config)?;
-                    let mv = out.metrics.read()?;
+                    let chunk = self.logits_chunk();
+                    // Without an entropy bonus the entropy is only a metric: no gradient flows
+                    // through it, so the backward pass neither keeps nor walks it.
+                    let (grads, (mask, mv)) = chunked_backward(
+                        &ids,
+                        self.policy(),
+                        Some(temperature),
+                        chunk,
+                        a.entropy_coef > 0.0,
+                        |lp, ent| -> Result<LossOut<(Tensor<2>, MetricValues)>> {
+                            let (mut mask, mut weights) = (mask, weights);
+                            if mask_h.iter().any(|m| *m > 0.5) {
+                                // verl's bypass: πθ (detached) against μ, the anchor, per
+                                // micro-batch.
+                                let dims = [refs.len(), width];
+                                let out = diag.correct(
+                                    &host(lp.clone().detach()),
+                                    &aligned(&refs, width, |r| &r.behaviour_lp),
+                                    &mask_h,
+                                    dims,
+                                    &self.algo.offpolicy.correction,
+                                )?;
+                                let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
+                                mask = t2(&self.device, f32s(out.mask), dims[0], dims[1]);
+                                weights = out
+                                    .weights
+                                    .filter(|_| self.algo.offpolicy.bypass_applies_weights)
+                                    .map(|w| t2(&self.device, f32s(w), dims[0], dims[1]));
+                            }
+                            let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
+                                .with_entropy(ent)
+                                .with_global(global);
+                            if let Some(w) = weights {
+                                input = input.with_rollout_is_weights(w);
+                            }
+                            if let Some(r) = ref_lp {
+                                input = input.with_ref_log_prob(r);
+                            }
+                            let out = self.registry.compute(
+                                &self.algo.loss,
+                                &input,
+                                &self.algo.config,
+                            )?;
+                            let mv = out.metrics.read()?;
+                            Ok(LossOut {
+                                loss: out.loss,
+                                extra: (mask, mv),
+                            })
+                        },
+                    )?;
                     sums[0] += mv.clip_frac_low;
                     sums[1] += mv.clip_frac_high;
                     sums[2] += mv.kl.unwrap_or(0.0);
                     sums[3] += mv.entropy.unwrap_or(0.0);
                     count += 1.0;
-                    let grads = GradientsParams::from_grads(out.loss.backward(), self.policy());
                     accum.accumulate(self.policy(), grads);
                     if let Some(critic) = &self.critic {
                         let old_v =
@@ -1128,6 +1144,40 @@ impl Trainer {
 
     /// Packs rows in the learner's layout (the sampler's rescoring layout, see
     /// [`LearnerBatch`]).
+    /// `indices` split into micro-batches in order: at most `algorithm.micro_batch_size` rows
+    /// and, with `algorithm.micro_batch_tokens`, at most that many tokens (prompt + response)
+    /// each — a row longer than the budget goes alone.
+    pub(crate) fn micro_batches(&self, indices: &[usize], rows: &[Row]) -> Vec<Vec<usize>> {
+        let a = &self.recipe.algorithm;
+        let budget = a.micro_batch_tokens;
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        let mut tokens = 0;
+        for &i in indices {
+            let t = rows[i].ids.len();
+            let full = out.last().is_none_or(|m| {
+                m.len() >= a.micro_batch_size || (budget > 0 && tokens + t > budget)
+            });
+            if full {
+                out.push(Vec::new());
+                tokens = 0;
+            }
+            if let Some(m) = out.last_mut() {
+                m.push(i);
+            }
+            tokens += t;
+        }
+        out
+    }
+
+    /// Response positions per chunk of the output head and softmax
+    /// (`algorithm.logits_chunk_tokens`, or a 1 GiB budget of f32 logits when 0).
+    pub(crate) fn logits_chunk(&self) -> usize {
+        match self.recipe.algorithm.logits_chunk_tokens {
+            0 => chunk_for_budget(self.config.vocab_size, LOGITS_CHUNK_BYTES),
+            n => n,
+        }
+    }
+
     pub(crate) fn pack(&self, rows: &[&Row]) -> LearnerBatch {
         let seqs: Vec<(&[i64], usize)> = rows.iter().map(|r| (&r.ids[..], r.prompt_len)).collect();
         let pad = self.tokenizer.pad_id.unwrap_or(0) as i64;
