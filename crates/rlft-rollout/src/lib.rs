@@ -9,6 +9,7 @@ pub mod env;
 pub mod expr;
 mod layout;
 pub mod learner;
+pub mod pool;
 pub mod reward;
 mod rollout;
 mod sampler;
@@ -17,6 +18,7 @@ pub mod task;
 pub use dataset::{DataCursor, DataLoader, Dataset, Example, Prompt};
 pub use env::{Calculator, EnvStep, Environment, SingleTurn, Tool, ToolEnv};
 pub use layout::LearnerBatch;
+pub use pool::{JobOutcome, PoolStats, Ticket, WorkerPool};
 pub use reward::{
     AnswerFormat, ExactMatch, FormatReward, LengthPenalty, OverlongShaping, Reward, RewardInput,
     RewardOutcome, RewardSet,
@@ -26,20 +28,6 @@ pub use sampler::{Completion, FinishReason, Sampler, SamplingConfig};
 pub use task::{Split, Task, TaskKind};
 
 use std::path::PathBuf;
-
-/// Runs `f` on its own thread and returns a receiver for its result, `None` if it panicked. A
-/// caller waits with `recv_timeout` and abandons the thread on timeout (rewards and tools run
-/// user code that may hang).
-pub(crate) fn spawn_guarded<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::sync::mpsc::Receiver<Option<T>> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
-        let _ = tx.send(r);
-    });
-    rx
-}
 
 /// Errors from rlft-rollout.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +47,22 @@ pub enum RolloutError {
         line: usize,
         /// What is wrong and what was expected.
         msg: String,
+    },
+    /// Every worker of a reward or tool pool is stuck in a function that ran past its deadline
+    /// and has not returned; the run stops instead of waiting forever.
+    #[error(
+        "all {workers} {pool} worker threads are stuck in calls past their deadline: {hung}. An \
+         in-process {pool} function cannot be stopped, so the run stops instead of hanging: make \
+         the {pool} function return (give it its own internal timeout), or raise the {pool} pool \
+         size (`with_workers`) or the deadline (`with_timeout`/`timeout`)"
+    )]
+    WorkersStuck {
+        /// Which pool: `reward` or `tool`.
+        pool: String,
+        /// Workers stuck (all of them).
+        workers: usize,
+        /// The hung functions, how many workers each holds, for how long.
+        hung: String,
     },
     /// From the model crate (tokenizer, weights).
     #[error(transparent)]

@@ -1,11 +1,15 @@
 //! Rewards: answer extraction, exact numeric match, format and length terms, DAPO's overlong
-//! shaping, and weighted sums of them, each evaluated under a timeout. A reward that errors,
-//! times out or returns NaN marks the sample failed (counted, excluded from the loss); it never
-//! crashes the run.
+//! shaping, and weighted sums of them, each sample scored on a bounded [`WorkerPool`] under its
+//! own deadline. A reward that errors, panics, times out or returns NaN marks the sample failed
+//! (counted, excluded from the loss); it never crashes the run. Only a pool whose every worker
+//! is stuck in a reward function that never returns stops the run, with
+//! [`RolloutError::WorkersStuck`](crate::RolloutError::WorkersStuck).
 
+use crate::Result;
+use crate::pool::{JobOutcome, WorkerPool};
 use rlft_algo::shaping::OverlongPenalty;
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// What a reward function sees of one sample.
@@ -25,7 +29,9 @@ pub struct RewardInput {
     pub truncated: bool,
 }
 
-/// A reward function. Implement it to add your own; `Err` marks the sample failed.
+/// A reward function. Implement it to add your own; `Err` marks the sample failed. It runs on
+/// a [`RewardSet`]'s worker pool under the set's per-sample deadline: a call that never returns
+/// holds a worker for good, so give slow work (a subprocess, a request) its own timeout.
 pub trait Reward: Send + Sync {
     /// Name used in metrics (`reward/<name>`).
     fn name(&self) -> &str;
@@ -192,8 +198,11 @@ pub enum RewardOutcome {
         /// Per-term values.
         terms: Vec<(String, f64)>,
     },
-    /// A term errored, timed out or was not finite.
+    /// A term errored, panicked or was not finite.
     Failed(String),
+    /// Scoring ran past its deadline (a failure too: it counts in `reward/failed` and in
+    /// `reward/timeouts`); the message names the term that was running.
+    TimedOut(String),
 }
 
 impl RewardOutcome {
@@ -201,17 +210,26 @@ impl RewardOutcome {
     pub fn total(&self) -> Option<f64> {
         match self {
             Self::Scored { total, .. } => Some(*total),
-            Self::Failed(_) => None,
+            Self::Failed(_) | Self::TimedOut(_) => None,
         }
+    }
+
+    /// Whether scoring ran past its deadline.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::TimedOut(_))
     }
 }
 
-/// Several rewards combined with weights, evaluated with a per-sample timeout.
+/// Several rewards combined with weights, each sample scored on a shared bounded worker pool
+/// under its own deadline.
 #[derive(Clone)]
 pub struct RewardSet {
     terms: Vec<(f64, Arc<dyn Reward>)>,
-    /// Longest a sample's scoring may take.
+    /// Longest one sample's scoring may take, counted from when a worker starts it.
     pub timeout: Duration,
+    workers: usize,
+    /// Started on the first [`score`](Self::score); clones share it.
+    pool: Arc<OnceLock<WorkerPool>>,
 }
 
 impl std::fmt::Debug for RewardSet {
@@ -220,6 +238,7 @@ impl std::fmt::Debug for RewardSet {
         f.debug_struct("RewardSet")
             .field("terms", &names)
             .field("timeout", &self.timeout)
+            .field("workers", &self.workers)
             .finish()
     }
 }
@@ -229,14 +248,36 @@ impl Default for RewardSet {
         Self {
             terms: Vec::new(),
             timeout: Duration::from_secs(5),
+            workers: WorkerPool::default_size(),
+            pool: Arc::default(),
         }
     }
 }
 
 impl RewardSet {
-    /// An empty set with a 5 s timeout.
+    /// An empty set with a 5 s timeout and [`WorkerPool::default_size`] workers.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Scores on at most `workers` threads (at least 1). The set (and its clones made from now
+    /// on) gets a pool of its own.
+    pub fn with_workers(mut self, workers: usize) -> Self {
+        self.workers = workers.max(1);
+        self.pool = Arc::default();
+        self
+    }
+
+    /// The worker count.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// The worker pool the samples are scored on, shared by this set's clones (its
+    /// [`stats`](WorkerPool::stats) show busy and stuck workers).
+    pub fn pool(&self) -> &WorkerPool {
+        self.pool
+            .get_or_init(|| WorkerPool::new("reward", self.workers))
     }
 
     /// Adds `reward` with `weight`.
@@ -265,28 +306,39 @@ impl RewardSet {
             .collect()
     }
 
-    /// Scores every sample, each on its own thread under the timeout (a stuck reward function is
-    /// abandoned, not waited for).
-    pub fn score(&self, inputs: Vec<RewardInput>) -> Vec<RewardOutcome> {
-        let receivers: Vec<_> = inputs
+    /// Scores every sample on the pool, each under [`timeout`](Self::timeout) from its own start
+    /// (waiting in the queue does not count). A sample past its deadline is
+    /// [`RewardOutcome::TimedOut`] at once and its late result discarded; its function keeps the
+    /// worker until it returns. A panicking reward fails its sample only.
+    ///
+    /// # Errors
+    ///
+    /// [`RolloutError::WorkersStuck`](crate::RolloutError::WorkersStuck) when every worker is stuck in a reward function that does
+    /// not return, so the remaining samples could never be scored.
+    pub fn score(&self, inputs: Vec<RewardInput>) -> Result<Vec<RewardOutcome>> {
+        let pool = self.pool();
+        let tickets = inputs
             .into_iter()
             .map(|input| {
                 let terms = self.terms.clone();
-                crate::spawn_guarded(move || score_one(&terms, &input))
+                pool.submit("reward set", self.timeout, move || {
+                    score_one(&terms, &input)
+                })
             })
-            .collect();
-        let deadline = std::time::Instant::now() + self.timeout;
-        receivers
+            .collect::<Result<Vec<_>>>()?;
+        tickets
             .into_iter()
-            .map(|rx| {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                match rx.recv_timeout(left) {
-                    Ok(Some(outcome)) => outcome,
-                    Ok(None) => RewardOutcome::Failed("reward function panicked".into()),
-                    Err(_) => {
-                        RewardOutcome::Failed(format!("reward timed out after {:?}", self.timeout))
+            .map(|t| {
+                Ok(match t.wait()? {
+                    JobOutcome::Finished(outcome) => outcome,
+                    JobOutcome::Panicked(msg) => {
+                        RewardOutcome::Failed(format!("reward function panicked: {msg}"))
                     }
-                }
+                    JobOutcome::TimedOut { label, after } => RewardOutcome::TimedOut(format!(
+                        "{label} timed out after {after:?}; the sample counts as failed (make it \
+                         faster or raise the reward timeout)"
+                    )),
+                })
             })
             .collect()
     }
@@ -296,6 +348,7 @@ fn score_one(terms: &[(f64, Arc<dyn Reward>)], input: &RewardInput) -> RewardOut
     let mut total = 0.0;
     let mut values = Vec::with_capacity(terms.len());
     for (w, r) in terms {
+        crate::pool::set_job_label(|| format!("reward '{}'", r.name()));
         match r.score(input) {
             Ok(v) if v.is_finite() => {
                 total += w * v;
@@ -386,20 +439,137 @@ mod tests {
                     coef: 0.2,
                 },
             );
-        let out = set.score(vec![input("<answer>7</answer>"), input("8")]);
+        let out = set
+            .score(vec![input("<answer>7</answer>"), input("8")])
+            .unwrap();
         assert!((out[0].total().unwrap() - (1.0 + 0.5 - 0.1)).abs() < 1e-12);
         assert!((out[1].total().unwrap() - (-0.1)).abs() < 1e-12);
 
         let bad = RewardSet::new().with(1.0, Nan);
-        let out = bad.score(vec![input("x"), input("err"), input("panic")]);
+        let out = bad
+            .score(vec![input("x"), input("err"), input("panic")])
+            .unwrap();
         assert!(out.iter().all(|o| o.total().is_none()), "{out:?}");
 
         let slow = RewardSet::new()
             .with(1.0, Slow)
             .with_timeout(Duration::from_millis(100));
         let t = std::time::Instant::now();
-        let out = slow.score(vec![input("x")]);
-        assert!(matches!(&out[0], RewardOutcome::Failed(m) if m.contains("timed out")));
+        let out = slow.score(vec![input("x")]).unwrap();
+        assert!(matches!(&out[0], RewardOutcome::TimedOut(m) if m.contains("'slow' timed out")));
         assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    /// Hangs on `hang` until the test opens the gate; panics on `panic`; else 1 after 2 ms.
+    struct Hang(crate::pool::testing::Gate);
+    impl Reward for Hang {
+        fn name(&self) -> &str {
+            "hang"
+        }
+        fn score(&self, x: &RewardInput) -> Result<f64, String> {
+            match x.completion.as_str() {
+                "hang" => self.0.hang(),
+                "panic" => panic!("boom"),
+                _ => std::thread::sleep(Duration::from_millis(2)),
+            }
+            Ok(1.0)
+        }
+    }
+
+    fn inputs(n: usize, special: &[(usize, &str)]) -> Vec<RewardInput> {
+        (0..n)
+            .map(|i| RewardInput {
+                completion: special
+                    .iter()
+                    .find(|s| s.0 == i)
+                    .map_or("ok", |s| s.1)
+                    .into(),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_hung_reward_fails_at_its_deadline_and_the_run_goes_on() {
+        let gate = crate::pool::testing::Gate::default();
+        let set = RewardSet::new()
+            .with(1.0, ExactMatch::new(AnswerFormat::LastNumber))
+            .with(1.0, Hang(gate.clone()))
+            .with_timeout(Duration::from_millis(200))
+            .with_workers(4);
+        let t = std::time::Instant::now();
+        let out = set.score(inputs(16, &[(5, "hang")])).unwrap();
+        let took = t.elapsed();
+        assert!(
+            matches!(&out[5], RewardOutcome::TimedOut(m) if m.contains("reward 'hang' timed out after 200ms")),
+            "{:?}",
+            out[5]
+        );
+        assert!(out[5].is_timeout() && out[5].total().is_none());
+        assert!(
+            out.iter()
+                .enumerate()
+                .all(|(i, o)| i == 5 || o.total() == Some(1.0))
+        );
+        // At the sample's deadline, not later.
+        assert!(
+            (Duration::from_millis(200)..Duration::from_secs(2)).contains(&took),
+            "{took:?}"
+        );
+        let s = set.pool().stats();
+        assert_eq!((s.size, s.stuck), (4, 1), "{s:?}");
+        // Later batches score normally on the three free workers; the pool never grows.
+        let clone = set.clone();
+        for _ in 0..19 {
+            let out = clone.score(inputs(16, &[])).unwrap();
+            assert!(out.iter().all(|o| o.total() == Some(1.0)), "{out:?}");
+            let s = set.pool().stats();
+            assert!(s.alive <= 4 && s.max_alive <= 4, "{s:?}");
+        }
+        assert_eq!(set.pool().stats().stuck, 1);
+        gate.open();
+        crate::pool::testing::wait_idle(set.pool());
+        assert!(set.pool().stats().max_alive <= 4);
+    }
+
+    #[test]
+    fn a_panicking_reward_fails_its_sample_and_the_worker_survives() {
+        let set = RewardSet::new()
+            .with(1.0, Hang(Default::default()))
+            .with_workers(1);
+        let out = set.score(inputs(3, &[(1, "panic")])).unwrap();
+        assert!(
+            matches!(&out[1], RewardOutcome::Failed(m) if m.contains("panicked: boom")),
+            "{out:?}"
+        );
+        assert_eq!((out[0].total(), out[2].total()), (Some(1.0), Some(1.0)));
+        let s = set.pool().stats();
+        assert_eq!((s.alive, s.max_alive), (1, 1));
+    }
+
+    #[test]
+    fn every_reward_worker_stuck_is_a_clear_error() {
+        let gate = crate::pool::testing::Gate::default();
+        let set = RewardSet::new()
+            .with(1.0, Hang(gate.clone()))
+            .with_timeout(Duration::from_millis(100))
+            .with_workers(2);
+        let t = std::time::Instant::now();
+        let err = set
+            .score(inputs(4, &[(0, "hang"), (1, "hang")]))
+            .unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        let msg = err.to_string();
+        for want in [
+            "all 2 reward worker threads are stuck",
+            "reward 'hang' on 2 worker(s)",
+            "make the reward function return",
+            "with_workers",
+        ] {
+            assert!(msg.contains(want), "{want}: {msg}");
+        }
+        gate.open();
+        crate::pool::testing::wait_idle(set.pool());
+        assert!(set.score(inputs(4, &[])).is_ok());
     }
 }

@@ -90,8 +90,11 @@ pub struct RolloutBatch {
     pub groups: Vec<Group>,
     /// Prompts skipped for exceeding `max_prompt_len`.
     pub skipped_prompts: usize,
-    /// Trajectories whose reward failed.
+    /// Trajectories whose reward failed (timeouts included).
     pub failed_rewards: usize,
+    /// Trajectories whose reward ran past its deadline (also in `failed_rewards`).
+    #[serde(default)]
+    pub timed_out_rewards: usize,
     /// Model tokens generated.
     pub generated_tokens: usize,
     /// Wall time spent generating (model turns and environment steps).
@@ -115,6 +118,11 @@ struct Episode {
 
 /// Generates G responses for each example, runs the environment between turns and scores the
 /// results. `version` stamps the trajectories; `seed` makes the batch reproducible.
+///
+/// # Errors
+///
+/// A bad setting or prompt, a tokenizer error, or [`RolloutError::WorkersStuck`] when every
+/// reward or tool worker is stuck in a function that never returns.
 #[allow(clippy::too_many_arguments)]
 pub fn rollout(
     model: &Transformer,
@@ -209,7 +217,7 @@ pub fn rollout(
         // The environment answers every row that stopped on a stop string.
         for e in episodes.iter_mut().filter(|e| !e.done) {
             let turn_text = tokenizer.decode(&e.context[e.turn_start..], false)?;
-            match env.step(&kept[e.group], &turn_text) {
+            match env.step(&kept[e.group], &turn_text)? {
                 EnvStep::Done => e.done = true,
                 EnvStep::Observation(_) if turn + 1 == cfg.max_turns => {
                     // Out of turns: the model wanted to go on.
@@ -251,7 +259,7 @@ pub fn rollout(
         })
         .collect::<Result<Vec<_>>>()?;
     let completions: Vec<String> = inputs.iter().map(|i| i.completion.clone()).collect();
-    let outcomes = rewards.score(inputs);
+    let outcomes = rewards.score(inputs)?;
     batch.score_seconds = start.elapsed().as_secs_f64();
     let mut groups: Vec<Group> = kept
         .into_iter()
@@ -265,6 +273,11 @@ pub fn rollout(
             RewardOutcome::Scored { total, terms } => (Some(total), terms, None),
             RewardOutcome::Failed(why) => {
                 batch.failed_rewards += 1;
+                (None, Vec::new(), Some(why))
+            }
+            RewardOutcome::TimedOut(why) => {
+                batch.failed_rewards += 1;
+                batch.timed_out_rewards += 1;
                 (None, Vec::new(), Some(why))
             }
         };

@@ -433,13 +433,16 @@ mod tests {
                     "{} accepted {wrong}",
                     task.name()
                 );
-                let outcome = task.rewards().score(vec![crate::RewardInput {
-                    prompt: ex.prompt.user_text().into(),
-                    completion: full.clone(),
-                    answer: ex.answer.clone(),
-                    metadata: ex.metadata.clone(),
-                    ..Default::default()
-                }]);
+                let outcome = task
+                    .rewards()
+                    .score(vec![crate::RewardInput {
+                        prompt: ex.prompt.user_text().into(),
+                        completion: full.clone(),
+                        answer: ex.answer.clone(),
+                        metadata: ex.metadata.clone(),
+                        ..Default::default()
+                    }])
+                    .unwrap();
                 assert!(outcome[0].total().unwrap() >= 1.0);
             }
         }

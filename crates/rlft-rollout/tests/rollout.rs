@@ -235,8 +235,8 @@ fn stop_strings_spanning_tokens_stop_generation() {
 /// Answers every model turn with a fixed observation, twice.
 struct Echo;
 impl Environment for Echo {
-    fn step(&self, _: &Example, _: &str) -> EnvStep {
-        EnvStep::Observation(" [obs] ".into())
+    fn step(&self, _: &Example, _: &str) -> rlft_rollout::Result<EnvStep> {
+        Ok(EnvStep::Observation(" [obs] ".into()))
     }
 }
 

@@ -217,6 +217,8 @@ struct Collected {
     filtered: usize,
     /// Trajectories whose reward failed.
     failed: usize,
+    /// Of those, rewards past their deadline.
+    timeouts: usize,
     /// Prompts skipped: empty, or longer than `rollout.max_prompt_len`.
     skipped_prompts: usize,
     /// Generated tokens.
@@ -587,6 +589,7 @@ impl Trainer {
                 seed,
             )?;
             c.failed += b.failed_rewards;
+            c.timeouts += b.timed_out_rewards;
             c.skipped_prompts += b.skipped_prompts;
             c.tokens += b.generated_tokens;
             c.generate_secs += b.generate_seconds;
@@ -614,6 +617,7 @@ impl Trainer {
             groups,
             filtered,
             failed,
+            timeouts,
             skipped_prompts,
             tokens: gen_tokens,
             generate_secs: gen_secs,
@@ -695,6 +699,7 @@ impl Trainer {
         );
         m.insert("groups/filtered".into(), json!(filtered));
         m.insert("reward/failed".into(), json!(failed));
+        m.insert("reward/timeouts".into(), json!(timeouts));
         m.insert("prompts/skipped".into(), json!(skipped_prompts));
         let lr = self.lr(step - 1);
         m.insert("lr".into(), json!(lr));
