@@ -14,6 +14,8 @@ pub mod offpolicy;
 pub mod optim;
 pub mod plot;
 pub mod recipe;
+#[cfg(test)]
+mod recipe_fuzz;
 pub mod trainer;
 
 pub use recipe::Recipe;
