@@ -58,12 +58,14 @@ impl GgmlType {
         }
     }
 
-    /// Bytes holding `numel` elements, or `None` if `numel` is not a whole number of blocks.
+    /// Bytes holding `numel` elements, or `None` if `numel` is not a whole number of blocks or
+    /// the byte count does not fit in a `u64`.
     pub fn byte_len(self, numel: u64) -> Option<u64> {
         let (n, b) = self.block();
         numel
             .is_multiple_of(n as u64)
-            .then(|| numel / n as u64 * b as u64)
+            .then(|| (numel / n as u64).checked_mul(b as u64))
+            .flatten()
     }
 
     /// Dequantises `bytes` (exactly [`Self::byte_len`] of `numel`) to f32.
@@ -212,6 +214,9 @@ mod tests {
         }
         assert_eq!(GgmlType::Q4_0.byte_len(64), Some(36));
         assert_eq!(GgmlType::Q4_K.byte_len(100), None);
+        // 2^62 f32 elements are 2^64 bytes: an overflow, not a length.
+        assert_eq!(GgmlType::F32.byte_len(1 << 62), None);
+        assert_eq!(GgmlType::F16.byte_len(1 << 62), Some(1 << 63));
         assert_eq!(GgmlType::from_id(6), None);
     }
 

@@ -282,9 +282,13 @@ impl GgufFile {
                 .try_fold(1u64, |a, &d| a.checked_mul(d))
                 .ok_or_else(|| format!("tensor '{name}' dims {dims:?} overflow"))?;
             let nbytes = ty.byte_len(numel).ok_or_else(|| {
-                format!(
-                    "tensor '{name}' ({ty:?}) has {numel} elements, not a whole number of blocks"
-                )
+                if numel.is_multiple_of(ty.block().0 as u64) {
+                    format!("tensor '{name}' ({ty:?}) has {numel} elements, more bytes than a file can hold")
+                } else {
+                    format!(
+                        "tensor '{name}' ({ty:?}) has {numel} elements, not a whole number of blocks"
+                    )
+                }
             })?;
             let start = data_start
                 .checked_add(offset)
@@ -294,8 +298,7 @@ impl GgufFile {
                 .filter(|&e| e <= buf.len() as u64)
                 .ok_or_else(|| {
                     format!(
-                        "truncated: tensor '{name}' needs bytes {start}..{} but the file has {}",
-                        start + nbytes,
+                        "truncated: tensor '{name}' needs {nbytes} bytes at offset {start} but the file has {}",
                         buf.len()
                     )
                 })?;
@@ -405,5 +408,39 @@ mod tests {
         let mut huge = tiny_file(3);
         huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(GgufFile::parse(&huge).unwrap_err().contains("implausible"));
+    }
+
+    /// A v3 file with no metadata and one tensor `w` of `dims`, type `ty`, at `offset`.
+    fn one_tensor(dims: &[u64], ty: u32, offset: u64) -> Vec<u8> {
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.push(b'w');
+        b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        dims.iter()
+            .for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+        b
+    }
+
+    /// Regression (found by the property tests): 2^62 F32 elements overflowed the byte count.
+    #[test]
+    fn tensor_byte_count_overflow_is_an_error() {
+        let e = GgufFile::parse(&one_tensor(&[1 << 62], 0, 0)).unwrap_err();
+        assert!(
+            e.contains("'w'") && e.contains("more bytes than a file can hold"),
+            "{e}"
+        );
+    }
+
+    /// Regression: an offset ending within `u64` but whose tensor end overflows panicked while
+    /// formatting the truncation error.
+    #[test]
+    fn tensor_end_overflow_is_an_error() {
+        let e = GgufFile::parse(&one_tensor(&[1], 0, u64::MAX - 64)).unwrap_err();
+        assert!(e.contains("truncated: tensor 'w' needs 4 bytes"), "{e}");
     }
 }

@@ -11,6 +11,8 @@ pub mod decode;
 pub mod dequant;
 mod error;
 mod export;
+#[cfg(test)]
+mod fuzz;
 pub mod gguf;
 pub mod host;
 pub mod hostmem;

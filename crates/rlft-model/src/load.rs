@@ -518,6 +518,7 @@ fn build(
     ignore: &[&str],
 ) -> Result<Transformer> {
     let dir = files.root();
+    check_sizes(cfg, dir)?;
     let mut b = Builder {
         files,
         device,
@@ -526,7 +527,8 @@ fn build(
     };
     let (d, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
     let embed = b.tensor("model.embed_tokens.weight", [cfg.vocab_size, d])?;
-    let mut layers = Vec::with_capacity(cfg.num_layers);
+    // Not `with_capacity(num_layers)`: the count is untrusted until its tensors are found.
+    let mut layers = Vec::new();
     for i in 0..cfg.num_layers {
         let p = format!("model.layers.{i}");
         let a = format!("{p}.self_attn");
@@ -628,6 +630,47 @@ fn check_vocab(
                 config.vocab_size
             ),
         });
+    }
+    Ok(())
+}
+
+/// Rejects sizes no checkpoint has before any tensor is shaped from them: a 0 (every tensor
+/// could then be empty, so nothing in the file would bound `head_dim` before the RoPE table of
+/// `head_dim / 2` entries is allocated, and a zero width divides), an odd `head_dim` (GGUF
+/// metadata is not checked for it as `config.json` is) or a head product that overflows. `root` is the checkpoint folder (its `config.json` is named) or the GGUF file.
+fn check_sizes(cfg: &TransformerConfig, root: &Path) -> Result<()> {
+    let path = if root.is_dir() {
+        root.join("config.json")
+    } else {
+        root.into()
+    };
+    let err = |msg: String| Err(ModelError::Config { path, msg });
+    for (name, v) in [
+        ("vocab_size", cfg.vocab_size),
+        ("hidden_size", cfg.hidden_size),
+        ("intermediate_size", cfg.intermediate_size),
+        ("num_hidden_layers", cfg.num_layers),
+        ("num_attention_heads", cfg.num_heads),
+        ("num_key_value_heads", cfg.num_kv_heads),
+        ("head_dim", cfg.head_dim),
+    ] {
+        if v == 0 {
+            return err(format!("{name} is 0; it must be at least 1"));
+        }
+    }
+    if !cfg.head_dim.is_multiple_of(2) {
+        return err(format!("head_dim {} must be even for RoPE", cfg.head_dim));
+    }
+    for (name, heads) in [
+        ("num_attention_heads", cfg.num_heads),
+        ("num_key_value_heads", cfg.num_kv_heads),
+    ] {
+        if heads.checked_mul(cfg.head_dim).is_none() {
+            return err(format!(
+                "{name} ({heads}) × head_dim ({}) overflows",
+                cfg.head_dim
+            ));
+        }
     }
     Ok(())
 }

@@ -71,12 +71,24 @@ impl Dataset {
     /// `{role, content}`), `answer` (string or number) and optional `metadata`. Blank lines are
     /// skipped; any other malformed line is an error naming its line number.
     pub fn from_jsonl(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| RolloutError::Dataset {
+        let bytes = std::fs::read(path).map_err(|e| RolloutError::Dataset {
             path: path.into(),
             line: 0,
             msg: format!("cannot read: {e}"),
         })?;
-        Self::parse_jsonl(&text, path)
+        let text = std::str::from_utf8(&bytes).map_err(|e| {
+            let valid = &bytes[..e.valid_up_to()];
+            let start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            RolloutError::Dataset {
+                path: path.into(),
+                line: valid.iter().filter(|&&b| b == b'\n').count() + 1,
+                msg: format!(
+                    "not valid UTF-8 (byte {} of the line); JSONL files are UTF-8 text",
+                    e.valid_up_to() - start + 1
+                ),
+            }
+        })?;
+        Self::parse_jsonl(text, path)
     }
 
     /// Parses JSONL text (`path` is only used in errors).
@@ -265,6 +277,22 @@ mod tests {
     }
 
     #[test]
+    fn invalid_utf8_names_its_line() {
+        let path = std::env::temp_dir().join(format!("rlft-utf8-{}.jsonl", std::process::id()));
+        std::fs::write(
+            &path,
+            b"{\"prompt\": \"a\", \"answer\": 1}\n{\"prompt\": \"\xff\"}\n",
+        )
+        .unwrap();
+        let e = Dataset::from_jsonl(&path).unwrap_err().to_string();
+        std::fs::remove_file(&path).ok();
+        assert!(
+            e.contains(".jsonl:2: not valid UTF-8 (byte 13 of the line)"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn shuffle_is_deterministic_and_resumable() {
         let mut a = DataLoader::new(10, 7, DataCursor::default()).unwrap();
         let first: Vec<usize> = a.next_indices(25);
@@ -295,5 +323,113 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    mod fuzz {
+        //! Property tests: the JSONL reader returns `Ok` or an error naming a line, never panics.
+        use super::*;
+        use proptest::prelude::*;
+        use serde_json::{Value, json};
+
+        fn config() -> ProptestConfig {
+            ProptestConfig {
+                cases: 256,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            }
+        }
+
+        /// Any JSON value, a few levels deep, with surprising numbers.
+        fn json_value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+                any::<f64>().prop_map(Value::from),
+                ".{0,8}".prop_map(Value::String),
+            ];
+            leaf.prop_recursive(3, 16, 4, |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    proptest::collection::btree_map(".{0,6}", inner, 0..4)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// One line: a valid example, one with fields missing, extra or of the wrong type,
+        /// invalid UTF-8, a huge line, JSON nested past serde_json's limit, or blank.
+        fn line() -> impl Strategy<Value = Vec<u8>> {
+            let field =
+                proptest::sample::select(&["prompt", "messages", "answer", "metadata", "x"][..]);
+            let message = (
+                proptest::option::of(".{0,6}"),
+                proptest::option::of(".{0,6}"),
+            )
+                .prop_map(|(role, content)| {
+                    let mut m = serde_json::Map::new();
+                    role.map(|r| m.insert("role".into(), r.into()));
+                    content.map(|c| m.insert("content".into(), c.into()));
+                    Value::Object(m)
+                });
+            prop_oneof![
+                4 => (".{0,12}", any::<i64>())
+                    .prop_map(|(p, a)| json!({"prompt": p, "answer": a}).to_string().into_bytes()),
+                2 => (proptest::collection::vec(message, 0..3), ".{0,4}")
+                    .prop_map(|(m, a)| json!({"messages": m, "answer": a}).to_string().into_bytes()),
+                4 => proptest::collection::btree_map(field, json_value(), 0..5)
+                    .prop_map(|m| Value::Object(m.into_iter().map(|(k, v)| (k.into(), v)).collect()).to_string().into_bytes()),
+                1 => proptest::collection::vec(any::<u8>(), 0..40),
+                1 => (0usize..3).prop_map(|k| {
+                    format!("{{\"prompt\": \"{}\", \"answer\": 1}}", "x".repeat(100_000 << k)).into_bytes()
+                }),
+                1 => (100usize..3000).prop_map(|n| {
+                    format!("{{\"prompt\": \"p\", \"answer\": 1, \"metadata\": {}{}}}", "[".repeat(n), "]".repeat(n)).into_bytes()
+                }),
+                1 => Just(b"{\"prompt\": \"p\", \"answer\": \"\xff\"}".to_vec()),
+                1 => Just(b"{\"prompt\": \"\\ud800\", \"answer\": 1}".to_vec()),
+                1 => proptest::sample::select(&["", " ", "\t", "\u{feff}", "\r"][..]).prop_map(|s| s.as_bytes().to_vec()),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any text, and any bytes through a file.
+            #[test]
+            fn any_text_or_bytes(text in ".{0,512}", raw in proptest::collection::vec(any::<u8>(), 0..4096)) {
+                let _ = Dataset::parse_jsonl(&text, Path::new("fuzz.jsonl"));
+                let dir = std::env::temp_dir().join(format!("rlft-fuzz-jsonl-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let path = dir.join("bytes.jsonl");
+                std::fs::write(&path, &raw).unwrap();
+                let _ = Dataset::from_jsonl(&path);
+            }
+
+            /// Files of mixed lines: parsed, each non-blank line is one example; or an error
+            /// that names the file and a line of it.
+            #[test]
+            fn mixed_lines(lines in proptest::collection::vec(line(), 0..8), crlf in any::<bool>()) {
+                let sep: &[u8] = if crlf { b"\r\n" } else { b"\n" };
+                let raw = lines.join(sep);
+                let dir = std::env::temp_dir().join(format!("rlft-fuzz-jsonl-lines-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let path = dir.join("lines.jsonl");
+                std::fs::write(&path, &raw).unwrap();
+                match Dataset::from_jsonl(&path) {
+                    Ok(d) => {
+                        let text = std::str::from_utf8(&raw).unwrap();
+                        let n = text.lines().filter(|l| !l.trim().is_empty()).count();
+                        prop_assert_eq!(d.len(), n);
+                    }
+                    Err(e @ RolloutError::Dataset { line, .. }) => {
+                        prop_assert!(line <= raw.split(|&b| b == b'\n').count(), "{}", e);
+                        prop_assert!(e.to_string().contains("lines.jsonl"), "{}", e);
+                    }
+                    Err(e) => prop_assert!(false, "not a dataset error: {}", e),
+                }
+            }
+        }
     }
 }

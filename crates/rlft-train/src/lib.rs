@@ -16,6 +16,8 @@ pub mod offpolicy;
 pub mod optim;
 pub mod plot;
 pub mod recipe;
+#[cfg(test)]
+mod recipe_fuzz;
 pub mod run;
 pub mod trainer;
 
