@@ -337,6 +337,31 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         &["q_prj"],
     );
     with_set(&mut cases, &tmp, "eval k 0", &["eval.k=0"], &["eval.k"]);
+    with_set(
+        &mut cases,
+        &tmp,
+        "set index",
+        &["task.ops[9223372036854775807]=\"+\""],
+        &["dotted name"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "odd head width",
+        &[
+            "model.scratch.hidden_size=6",
+            "model.scratch.heads=2",
+            "model.scratch.kv_heads=1",
+        ],
+        &["model.scratch", "even"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "zero layers",
+        &["model.scratch.layers=0"],
+        &["model.scratch.layers"],
+    );
 
     // --- Recipe files.
     let file_case = |name: &str, text: &str, expect: &[&str], cases: &mut Vec<Case>| {

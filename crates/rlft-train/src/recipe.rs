@@ -533,6 +533,18 @@ impl Recipe {
                     "--set {o:?}: expected KEY=VALUE, e.g. algorithm.kl_coef=0.01"
                 ))
             })?;
+            // Dotted names only: the `config` crate would grow an array to a `key[N]` index.
+            let ok_part = |p: &str| {
+                !p.is_empty()
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            };
+            if !key.trim().split('.').all(ok_part) {
+                return Err(TrainError::Recipe(format!(
+                    "--set {o:?}: the key must be a dotted name such as algorithm.kl_coef (set a \
+                     list whole: task.ops=[\"+\", \"-\"])"
+                )));
+            }
             builder = builder
                 .set_override(key.trim(), toml_value(value.trim()))
                 .map_err(|e| TrainError::Recipe(format!("--set {o:?}: {e}")))?;
@@ -789,14 +801,37 @@ impl Recipe {
                 .or_else(|e| bad("model.lora", e.to_string()))?;
         }
         let s = &self.model.scratch;
-        if s.heads == 0
-            || s.kv_heads == 0
-            || !s.heads.is_multiple_of(s.kv_heads)
-            || !s.hidden_size.is_multiple_of(s.heads)
-        {
+        for (k, v, max) in [
+            ("model.scratch.hidden_size", s.hidden_size, 1 << 16),
+            (
+                "model.scratch.intermediate_size",
+                s.intermediate_size,
+                1 << 18,
+            ),
+            ("model.scratch.layers", s.layers, 1024),
+            ("model.scratch.heads", s.heads, 1024),
+            ("model.scratch.kv_heads", s.kv_heads, 1024),
+        ] {
+            if v == 0 || v > max {
+                return bad(k, format!("must be in 1..={max}, got {v}"));
+            }
+        }
+        if !s.heads.is_multiple_of(s.kv_heads) || !s.hidden_size.is_multiple_of(s.heads) {
             return bad(
                 "model.scratch",
                 "heads must divide hidden_size and be a multiple of kv_heads".into(),
+            );
+        }
+        let width = s.hidden_size / s.heads;
+        if width < 2 || !width.is_multiple_of(2) {
+            return bad(
+                "model.scratch",
+                format!(
+                    "the head width hidden_size / heads = {width} must be even (RoPE rotates \
+                     pairs); e.g. hidden_size = {} for {} heads",
+                    s.heads * 2 * width.div_ceil(2).max(1),
+                    s.heads
+                ),
             );
         }
         rlft_rollout::TaskKind::parse(&self.task.name)

@@ -294,21 +294,19 @@ proptest! {
     }
 }
 
-/// Found by these tests, to be fixed in `recipe.rs`: the `config` crate resizes an array to a
-/// `--set` key's `[index]`, so a huge index panics (capacity overflow) or, at 2^40, aborts on
-/// allocation. The key should be checked (`a.b.c` of `[a-z0-9_]`) before `set_override`.
+/// Found by these tests: the `config` crate resizes an array to a `--set` key's `[index]`, so a
+/// huge index panicked (capacity overflow) or, at 2^40, aborted on allocation; keys are now
+/// checked to be dotted names first.
 #[test]
-#[ignore = "panics until recipe.rs checks --set keys before set_override"]
 fn huge_set_index_is_an_error() {
     let sets = ["task.ops[9223372036854775807]=1".to_string()];
     assert!(Recipe::from_toml_str("", &sets).is_err());
 }
 
-/// Found by these tests, to be fixed in `recipe.rs`: `validate` accepts scratch models whose
-/// head width `hidden_size / heads` is 0 or odd, and the first forward pass then panics in
-/// RoPE (burn: shape mismatch or index out of bounds).
+/// Found by these tests: `validate` accepted scratch models whose head width
+/// `hidden_size / heads` is 0 or odd, and the first forward pass then panicked in RoPE (burn:
+/// shape mismatch or index out of bounds).
 #[test]
-#[ignore = "accepted until recipe.rs checks model.scratch's head width"]
 fn scratch_head_width_must_be_even_and_positive() {
     for doc in [
         "[model.scratch]\nhidden_size = 4\nheads = 4\nkv_heads = 2",
