@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod correction;
 pub mod fault;
 pub mod launch;
+mod learn;
 pub mod metrics;
 pub mod offpolicy;
 pub mod optim;

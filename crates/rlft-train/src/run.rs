@@ -5,8 +5,9 @@
 //! crash test kills at).
 
 use crate::checkpoint::{self, TrainerState};
+use crate::learn::clip_grads;
 use crate::metrics::{MetricsLog, StepMetrics};
-use crate::trainer::{MAX_BAD_STEPS_IN_ROW, Row, Trainer, adamw, clip_grads, unit_hash};
+use crate::trainer::{MAX_BAD_STEPS_IN_ROW, Row, Trainer, adamw, unit_hash};
 use crate::{Result, TrainError};
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};

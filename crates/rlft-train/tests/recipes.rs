@@ -457,7 +457,13 @@ fn chunked_head_and_token_budget_train_like_the_plain_pass() {
         ],
     );
     let (a, b) = (&plain[1], &chunked[1]);
-    for key in ["grad_norm", "entropy", "kl", "clip_frac/high", "reward/mean"] {
+    for key in [
+        "grad_norm",
+        "entropy",
+        "kl",
+        "clip_frac/high",
+        "reward/mean",
+    ] {
         let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
         assert!(
             (x - y).abs() <= 1e-4 * x.abs().max(1e-3),

@@ -1,0 +1,453 @@
+//! The learner: `ppo_epochs` × `mini_batches` optimiser steps over a prepared batch, each
+//! accumulating micro-batch gradients (micro-batches cut by rows and tokens, the output head in
+//! chunks: [`rlft_rollout::learner`]) under global token normalisation, the critic beside the
+//! policy, NaN/Inf steps skipped with weights and optimiser state restored, and the global
+//! gradient-norm clip.
+
+use crate::correction::CorrectionMode;
+use crate::offpolicy::StepDiagnostics;
+use crate::trainer::{LOGITS_CHUNK_BYTES, Row, Trainer, adamw};
+use crate::{Result, host};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::{Device, Tensor, TensorData};
+use rayon::prelude::*;
+use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
+use rlft_algo::loss::{MetricValues, PolicyLossInput};
+use rlft_model::hostmem::{CHUNK, HostF32, is_host_f32, read_f32};
+use rlft_model::{Transformer, ValueModel};
+use rlft_rollout::LearnerBatch;
+use rlft_rollout::learner::{LossOut, chunk_for_budget, chunked_backward};
+
+impl Trainer {
+    /// `ppo_epochs` × `mini_batches` optimiser steps. Returns (clip low, clip high, kl, entropy,
+    /// grad norm, value loss, skipped).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn update(
+        &mut self,
+        rows: &[Row],
+        lr: f64,
+        diag: &mut StepDiagnostics,
+    ) -> Result<(f64, f64, f64, f64, f64, Option<f64>, bool)> {
+        let a = self.recipe.algorithm.clone();
+        let temperature = self.recipe.rollout.temperature;
+        let n = rows.len();
+        let mut sums = [0.0f64; 4];
+        let mut count = 0.0f64;
+        let mut norms = Vec::new();
+        let mut value_losses = Vec::new();
+        let mut bad = false;
+        // A NaN found after earlier optimiser steps of this batch must not leave them applied:
+        // with several steps per batch, keep the starting weights and optimiser state.
+        let several = a.ppo_epochs * a.mini_batches > 1;
+        // (With one step per batch a NaN stops it before the step: nothing to restore, and the
+        // optimizer updates parameters that nothing else holds in place.)
+        let before = several.then(|| self.policy().clone());
+        let before_optim = several.then(|| self.optim.to_record());
+        let before_critic = several.then(|| self.critic.clone()).flatten();
+        let before_critic_optim = several
+            .then(|| self.critic_optim.as_ref().map(|o| o.to_record()))
+            .flatten();
+        for epoch in 0..a.ppo_epochs {
+            // A fixed, step-dependent permutation of the rows.
+            let mut order: Vec<usize> = (0..n).collect();
+            let mut s =
+                (self.state.step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch as u64;
+            for i in (1..n).rev() {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                order.swap(i, (s % (i as u64 + 1)) as usize);
+            }
+            let per = n.div_ceil(a.mini_batches);
+            for mini in order.chunks(per) {
+                // Rows in their original order, so a group's rows meet in one micro-batch and
+                // share their prompt there (`LearnerBatch`); the mini-batch's sum is the same.
+                let mut mini = mini.to_vec();
+                mini.sort_unstable();
+                let tokens: f32 = mini.iter().map(|&i| rows[i].mask.iter().sum::<f32>()).sum();
+                let seqs = mini
+                    .iter()
+                    .filter(|&&i| rows[i].mask.iter().any(|&m| m > 0.0))
+                    .count();
+                let global = GlobalBatchInfo {
+                    dp_size: 1,
+                    batch_num_tokens: Some(tokens as f64),
+                    global_batch_size: Some(seqs as f64),
+                    loss_scale_factor: Some(self.recipe.rollout.max_total_tokens as f64),
+                };
+                let mut accum = GradientsAccumulator::<Transformer>::new();
+                let mut critic_accum = GradientsAccumulator::<ValueModel>::new();
+                for micro in self.micro_batches(&mini, rows) {
+                    let refs: Vec<&Row> = micro.iter().map(|&i| &rows[i]).collect();
+                    let ids = self.pack(&refs);
+                    let mask = self.per_token(&ids, &refs, |r| &r.mask);
+                    let old = self.per_token(&ids, &refs, |r| &r.old_lp);
+                    let adv = self.per_token(&ids, &refs, |r| &r.adv);
+                    let weights = refs
+                        .iter()
+                        .all(|r| r.is_w.is_some())
+                        .then(|| self.per_token(&ids, &refs, |r| r.is_w.as_deref().unwrap_or(&[])));
+                    let ref_lp = self.reference.is_some().then(|| {
+                        self.per_token(&ids, &refs, |r| r.ref_lp.as_deref().unwrap_or(&[]))
+                    });
+                    let bypass = self.algo.offpolicy.mode == CorrectionMode::Bypass;
+                    let width = ids.response_len();
+                    let mask_h = if bypass {
+                        aligned(&refs, width, |r| &r.mask)
+                    } else {
+                        Vec::new()
+                    };
+                    let chunk = self.logits_chunk();
+                    // Without an entropy bonus the entropy is only a metric: no gradient flows
+                    // through it, so the backward pass neither keeps nor walks it.
+                    let (grads, (mask, mv)) = chunked_backward(
+                        &ids,
+                        self.policy(),
+                        Some(temperature),
+                        chunk,
+                        a.entropy_coef > 0.0,
+                        |lp, ent| -> Result<LossOut<(Tensor<2>, MetricValues)>> {
+                            let (mut mask, mut weights) = (mask, weights);
+                            if mask_h.iter().any(|m| *m > 0.5) {
+                                // verl's bypass: πθ (detached) against μ, the anchor, per
+                                // micro-batch.
+                                let dims = [refs.len(), width];
+                                let out = diag.correct(
+                                    &host(lp.clone().detach()),
+                                    &aligned(&refs, width, |r| &r.behaviour_lp),
+                                    &mask_h,
+                                    dims,
+                                    &self.algo.offpolicy.correction,
+                                )?;
+                                let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
+                                mask = t2(&self.device, f32s(out.mask), dims[0], dims[1]);
+                                weights = out
+                                    .weights
+                                    .filter(|_| self.algo.offpolicy.bypass_applies_weights)
+                                    .map(|w| t2(&self.device, f32s(w), dims[0], dims[1]));
+                            }
+                            let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
+                                .with_entropy(ent)
+                                .with_global(global);
+                            if let Some(w) = weights {
+                                input = input.with_rollout_is_weights(w);
+                            }
+                            if let Some(r) = ref_lp {
+                                input = input.with_ref_log_prob(r);
+                            }
+                            let out = self.registry.compute(
+                                &self.algo.loss,
+                                &input,
+                                &self.algo.config,
+                            )?;
+                            let mv = out.metrics.read()?;
+                            Ok(LossOut {
+                                loss: out.loss,
+                                extra: (mask, mv),
+                            })
+                        },
+                    )?;
+                    sums[0] += mv.clip_frac_low;
+                    sums[1] += mv.clip_frac_high;
+                    sums[2] += mv.kl.unwrap_or(0.0);
+                    sums[3] += mv.entropy.unwrap_or(0.0);
+                    count += 1.0;
+                    accum.accumulate(self.policy(), grads);
+                    if let Some(critic) = &self.critic {
+                        let old_v =
+                            self.per_token(&ids, &refs, |r| r.old_values.as_deref().unwrap_or(&[]));
+                        let ret =
+                            self.per_token(&ids, &refs, |r| r.returns.as_deref().unwrap_or(&[]));
+                        let v = ids
+                            .response(critic.forward(&ids.input()).unsqueeze_dim::<3>(2))
+                            .squeeze_dim::<2>(2);
+                        let (vl, _) = rlft_algo::value::clipped_value_loss(
+                            v,
+                            old_v,
+                            ret,
+                            &mask,
+                            a.value_clip,
+                            LossAggregation::TokenMean,
+                            &global,
+                        )?;
+                        let vl = vl * a.value_coef;
+                        value_losses.push(host(vl.clone())[0] as f64);
+                        let g = GradientsParams::from_grads(vl.backward(), critic);
+                        critic_accum.accumulate(critic, g);
+                    }
+                }
+                let (grads, norm) = clip_grads(
+                    accum.grads(),
+                    self.policy(),
+                    self.recipe.optimizer.grad_clip,
+                );
+                norms.push(norm);
+                // The critic's step is checked too: a NaN in it would poison every later value
+                // and advantage.
+                let critic_grads = self
+                    .critic
+                    .as_ref()
+                    .map(|c| clip_grads(critic_accum.grads(), c, self.recipe.optimizer.grad_clip));
+                if !norm.is_finite()
+                    || sums.iter().any(|v| !v.is_finite())
+                    || value_losses.iter().any(|v: &f64| !v.is_finite())
+                    || critic_grads.as_ref().is_some_and(|(_, n)| !n.is_finite())
+                {
+                    bad = true;
+                    break;
+                }
+                let policy = self.take_policy();
+                self.policy = Some(self.optim.step(lr, policy, grads));
+                if let (Some(critic), Some(o), Some((g, _))) =
+                    (self.critic.take(), self.critic_optim.as_mut(), critic_grads)
+                {
+                    self.critic = Some(o.step(lr, critic, g));
+                }
+            }
+            if bad {
+                break;
+            }
+        }
+        if bad {
+            // Weights and optimiser state untouched.
+            if let Some(before) = before {
+                self.policy = Some(before);
+            }
+            if let Some(record) = before_optim {
+                self.optim = adamw(&self.recipe.optimizer).load_record(record);
+            }
+            if let Some(c) = before_critic {
+                self.critic = Some(c);
+            }
+            if let Some(record) = before_critic_optim {
+                self.critic_optim = Some(adamw(&self.recipe.optimizer).load_record(record));
+            }
+        }
+        let c = count.max(1.0);
+        let gn = norms.iter().copied().fold(0.0, f64::max);
+        Ok((
+            sums[0] / c,
+            sums[1] / c,
+            sums[2] / c,
+            sums[3] / c,
+            gn,
+            (!value_losses.is_empty())
+                .then(|| value_losses.iter().sum::<f64>() / value_losses.len() as f64),
+            bad,
+        ))
+    }
+
+    /// `indices` split into micro-batches in order: at most `algorithm.micro_batch_size` rows
+    /// and, with `algorithm.micro_batch_tokens`, at most that many tokens (prompt + response)
+    /// each — a row longer than the budget goes alone.
+    pub(crate) fn micro_batches(&self, indices: &[usize], rows: &[Row]) -> Vec<Vec<usize>> {
+        let a = &self.recipe.algorithm;
+        let budget = a.micro_batch_tokens;
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        let mut tokens = 0;
+        for &i in indices {
+            let t = rows[i].ids.len();
+            let full = out.last().is_none_or(|m| {
+                m.len() >= a.micro_batch_size || (budget > 0 && tokens + t > budget)
+            });
+            if full {
+                out.push(Vec::new());
+                tokens = 0;
+            }
+            if let Some(m) = out.last_mut() {
+                m.push(i);
+            }
+            tokens += t;
+        }
+        out
+    }
+
+    /// Response positions per chunk of the output head and softmax
+    /// (`algorithm.logits_chunk_tokens`, or a 1 GiB budget of f32 logits when 0).
+    pub(crate) fn logits_chunk(&self) -> usize {
+        match self.recipe.algorithm.logits_chunk_tokens {
+            0 => chunk_for_budget(self.config.vocab_size, LOGITS_CHUNK_BYTES),
+            n => n,
+        }
+    }
+
+    /// Packs rows in the learner's layout (the sampler's rescoring layout, see
+    /// [`LearnerBatch`]).
+    pub(crate) fn pack(&self, rows: &[&Row]) -> LearnerBatch {
+        let seqs: Vec<(&[i64], usize)> = rows.iter().map(|r| (&r.ids[..], r.prompt_len)).collect();
+        let pad = self.tokenizer.pad_id.unwrap_or(0) as i64;
+        LearnerBatch::new(&seqs, pad, &self.device)
+    }
+
+    /// The per-response-token values `field` of the rows packed as `batch`, as `[n, R]` (`R` the
+    /// longest response, zeros past each row's values).
+    pub(crate) fn per_token(
+        &self,
+        batch: &LearnerBatch,
+        rows: &[&Row],
+        field: impl Fn(&Row) -> &[f32],
+    ) -> Tensor<2> {
+        let r = batch.response_len();
+        t2(&self.device, aligned(rows, r, field), rows.len(), r)
+    }
+}
+
+/// The per-response-token values `field` of `rows` as a row-major `[rows, width]` host array,
+/// zeros past each row's values.
+pub(crate) fn aligned(rows: &[&Row], width: usize, field: impl Fn(&Row) -> &[f32]) -> Vec<f32> {
+    let mut vals = vec![0.0f32; rows.len() * width];
+    for (k, row) in rows.iter().enumerate() {
+        let f = field(row);
+        vals[k * width..k * width + f.len()].copy_from_slice(f);
+    }
+    vals
+}
+
+pub(crate) fn t2(device: &Device, v: Vec<f32>, b: usize, t: usize) -> Tensor<2> {
+    Tensor::from_data(TensorData::new(v, [b, t]), device)
+}
+
+/// Global L2 norm of `grads` over `module`'s parameters; scales them to `max_norm` if larger.
+/// Gradients in host memory are summed and scaled by parallel passes over their elements where
+/// they lie ([`rlft_model::hostmem`]); others by tensor operations on their device.
+pub(crate) fn clip_grads<M: Module>(
+    mut grads: GradientsParams,
+    module: &M,
+    max_norm: f64,
+) -> (GradientsParams, f64) {
+    struct Norm<'a> {
+        grads: &'a GradientsParams,
+        host: f64,
+        device: Vec<Tensor<1>>,
+    }
+    impl ModuleVisitor for Norm<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            let Some(g) = self.grads.get::<D>(p.id) else {
+                return;
+            };
+            match is_host_f32(&g).then(|| read_f32(&g, sum_of_squares)) {
+                Some(Ok(s)) => self.host += s,
+                _ => self.device.push(g.square().sum()),
+            }
+        }
+    }
+    struct Scale<'a> {
+        grads: &'a mut GradientsParams,
+        s: f64,
+    }
+    impl ModuleVisitor for Scale<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            let Some(g) = self.grads.remove::<D>(p.id) else {
+                return;
+            };
+            let g = if is_host_f32(&g) {
+                // An f32 tensor's host elements: this cannot fail.
+                let mut h = HostF32::new(g).expect("an f32 tensor's host elements");
+                let s = self.s as f32;
+                h.as_mut_slice()
+                    .par_chunks_mut(CHUNK)
+                    .for_each(|c| c.iter_mut().for_each(|v| *v *= s));
+                h.into_tensor()
+            } else {
+                g * self.s
+            };
+            self.grads.register::<D>(p.id, g);
+        }
+    }
+    let mut v = Norm {
+        grads: &grads,
+        host: 0.0,
+        device: Vec::new(),
+    };
+    module.visit(&mut v);
+    let mut total = v.host;
+    if !v.device.is_empty() {
+        total += host(Tensor::cat(v.device, 0).sum())[0] as f64;
+    }
+    let norm = total.sqrt();
+    if norm.is_finite() && max_norm > 0.0 && norm > max_norm {
+        let mut s = Scale {
+            grads: &mut grads,
+            s: max_norm / (norm + 1e-6),
+        };
+        module.visit(&mut s);
+    }
+    (grads, norm)
+}
+
+/// Σ x² of `x`, in parallel, 16 lanes per task; NaN or ∞ if any element is. The tasks' sums
+/// are added in order, so the result does not depend on the number of threads.
+fn sum_of_squares(x: &[f32]) -> f64 {
+    let parts: Vec<f64> = x
+        .par_chunks(CHUNK)
+        .map(|c| {
+            let mut lanes = [0f32; 16];
+            let mut it = c.chunks_exact(16);
+            for block in &mut it {
+                for (l, v) in lanes.iter_mut().zip(block) {
+                    *l += v * v;
+                }
+            }
+            let tail: f32 = it.remainder().iter().map(|v| v * v).sum();
+            lanes.iter().map(|&l| l as f64).sum::<f64>() + tail as f64
+        })
+        .collect();
+    parts.iter().sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Module, Debug)]
+    struct Two {
+        a: Param<Tensor<2>>,
+        b: Param<Tensor<1>>,
+    }
+
+    /// The norm is the global L2 norm over every parameter's gradient (odd lengths included);
+    /// above `max_norm` all gradients are scaled by the same factor, below it none is.
+    #[test]
+    fn gradients_are_clipped_by_their_global_norm() {
+        let device = Device::flex().autodiff();
+        let model = Two {
+            a: Param::from_tensor(
+                Tensor::<1, burn::tensor::Int>::arange(0..(3 * 37) as i64, &device)
+                    .float()
+                    .reshape([3, 37])
+                    .mul_scalar(0.01),
+            ),
+            b: Param::from_tensor(Tensor::from_floats([0.5, -1.0, 2.0], &device)),
+        };
+        // d/da Σ a² = 2a, d/db Σ b³ = 3b².
+        let grads = || {
+            let loss = model.a.val().powf_scalar(2.0).sum() + model.b.val().powf_scalar(3.0).sum();
+            GradientsParams::from_grads(loss.backward(), &model)
+        };
+        let mut want: Vec<f32> = (0..111).map(|i| 2.0 * 0.01 * i as f32).collect();
+        want.extend([0.75, 3.0, 12.0]);
+        let norm = want.iter().map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt();
+        let (g, got) = clip_grads(grads(), &model, 1e3);
+        assert!((got - norm).abs() < 1e-4 * norm, "{got} vs {norm}");
+        assert_eq!(
+            host(g.get::<1>(model.b.id).expect("b")),
+            vec![0.75, 3.0, 12.0]
+        );
+        let (g, _) = clip_grads(grads(), &model, 2.0);
+        let s = 2.0 / norm;
+        let mut clipped = host(g.get::<2>(model.a.id).expect("a"));
+        clipped.extend(host(g.get::<1>(model.b.id).expect("b")));
+        for (c, w) in clipped.iter().zip(&want) {
+            assert!(
+                (*c as f64 - *w as f64 * s).abs() < 1e-5,
+                "{c} vs {}",
+                w * s as f32
+            );
+        }
+        let x: Vec<f32> = (0..100_003).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect();
+        let naive: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum();
+        assert!((sum_of_squares(&x) - naive).abs() < 1e-6 * naive);
+        assert!(sum_of_squares(&[1.0, f32::NAN]).is_nan());
+    }
+}

@@ -1,0 +1,246 @@
+//! Range and enum checks of every recipe value, with messages that name the key and what is
+//! allowed.
+
+use super::{Recipe, ScheduleSection};
+use crate::{Result, TrainError};
+
+impl Recipe {
+    /// Checks every value's range against the built-in losses; messages say what is allowed.
+    pub fn validate(&self) -> Result<()> {
+        self.validate_with(&rlft_algo::loss::LossRegistry::with_builtins())
+    }
+
+    /// As [`Recipe::validate`], looking `algorithm.loss` up in `registry`.
+    pub fn validate_with(&self, registry: &rlft_algo::loss::LossRegistry) -> Result<()> {
+        let bad = |key: &str, msg: String| Err(TrainError::Recipe(format!("{key}: {msg}")));
+        let r = &self.rollout;
+        let a = &self.algorithm;
+        if r.prompts_per_step == 0 {
+            return bad("rollout.prompts_per_step", "must be at least 1".into());
+        }
+        if r.group_size < 2 && !self.model.critic {
+            return bad(
+                "rollout.group_size",
+                format!(
+                    "must be at least 2 for group baselines, got {}",
+                    r.group_size
+                ),
+            );
+        }
+        for (k, v) in [
+            ("rollout.max_new_tokens", r.max_new_tokens),
+            ("rollout.max_turns", r.max_turns),
+            ("rollout.max_total_tokens", r.max_total_tokens),
+            ("algorithm.ppo_epochs", a.ppo_epochs),
+            ("algorithm.mini_batches", a.mini_batches),
+            ("algorithm.micro_batch_size", a.micro_batch_size),
+            ("eval.k", self.eval.k),
+        ] {
+            if v == 0 {
+                return bad(k, "must be at least 1".into());
+            }
+        }
+        if !(r.temperature.is_finite() && r.temperature > 0.0) {
+            return bad(
+                "rollout.temperature",
+                format!(
+                    "must be a finite number > 0 for RL sampling (0 is greedy), got {}",
+                    r.temperature
+                ),
+            );
+        }
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            return bad(
+                "rollout.top_p",
+                format!("must be in (0, 1] (1 keeps every token), got {}", r.top_p),
+            );
+        }
+        if !(0.0..1.0).contains(&r.min_p) {
+            return bad(
+                "rollout.min_p",
+                format!("must be in [0, 1) (0 keeps every token), got {}", r.min_p),
+            );
+        }
+        rlft_rollout::SamplingConfig::new()
+            .with_temperature(r.temperature)
+            .with_top_k(r.top_k)
+            .with_top_p(r.top_p)
+            .with_min_p(r.min_p)
+            .validate()
+            .or_else(|e| bad("rollout", e.to_string()))?;
+        for (k, v) in [
+            ("algorithm.kl_coef", a.kl_coef),
+            ("algorithm.entropy_coef", a.entropy_coef),
+            ("algorithm.value_coef", a.value_coef),
+            ("algorithm.overlong_factor", a.overlong_factor),
+            ("optimizer.weight_decay", self.optimizer.weight_decay),
+            ("optimizer.grad_clip", self.optimizer.grad_clip),
+            ("sft.weight_decay", self.sft.weight_decay),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(k, format!("must be a finite number ≥ 0, got {v}"));
+            }
+        }
+        for (k, v) in [("optimizer.lr", self.optimizer.lr), ("sft.lr", self.sft.lr)] {
+            if !(v.is_finite() && v > 0.0 && v < 1.0) {
+                return bad(k, format!("must be in (0, 1), got {v}"));
+            }
+        }
+        for (k, v) in [
+            ("optimizer.beta1", self.optimizer.beta1),
+            ("optimizer.beta2", self.optimizer.beta2),
+        ] {
+            if !(0.0..1.0).contains(&v) {
+                return bad(k, format!("must be in [0, 1), got {v}"));
+            }
+        }
+        if self.optimizer.eps.is_nan() || self.optimizer.eps <= 0.0 {
+            return bad("optimizer.eps", "must be > 0".into());
+        }
+        for (k, v) in [("algorithm.gamma", a.gamma), ("algorithm.lam", a.lam)] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(k, format!("must be in [0, 1], got {v}"));
+            }
+        }
+        for (k, v) in [
+            ("algorithm.clip_low", a.clip_low),
+            ("algorithm.clip_high", a.clip_high),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && v >= 0.0)
+            {
+                return bad(
+                    k,
+                    format!("must be a finite number ≥ 0 (leave it out for the preset's), got {v}"),
+                );
+            }
+        }
+        if r.max_prompt_len == 0 {
+            return bad(
+                "rollout.max_prompt_len",
+                "must be at least 1 (prompts longer than it are dropped; 0 would drop them all)"
+                    .into(),
+            );
+        }
+        if self.sft.steps > 0 && self.sft.batch_size == 0 {
+            return bad(
+                "sft.batch_size",
+                "must be at least 1 when sft.steps > 0 (set sft.steps = 0 to skip the warm-up)"
+                    .into(),
+            );
+        }
+        if a.dynamic_sampling && a.max_gen_batches == 0 {
+            return bad(
+                "algorithm.max_gen_batches",
+                "must be ≥ 1 with dynamic sampling".into(),
+            );
+        }
+        if a.overlong_cache_len > r.max_new_tokens {
+            return bad(
+                "algorithm.overlong_cache_len",
+                format!("must be ≤ rollout.max_new_tokens ({})", r.max_new_tokens),
+            );
+        }
+        if !["loss", "reward"].contains(&a.kl_placement.as_str()) {
+            return bad(
+                "algorithm.kl_placement",
+                format!("'{}': use 'loss' or 'reward'", a.kl_placement),
+            );
+        }
+        for (k, v) in [
+            ("schedule.kind", &self.schedule.kind),
+            ("sft.schedule", &self.sft.schedule),
+        ] {
+            if !ScheduleSection::KINDS.contains(&v.as_str()) {
+                let [rest @ .., last] = ScheduleSection::KINDS;
+                return bad(k, format!("'{v}': use {} or {last}", rest.join(", ")));
+            }
+        }
+        for (k, v) in [
+            ("schedule.min_lr_ratio", self.schedule.min_lr_ratio),
+            ("sft.min_lr_ratio", self.sft.min_lr_ratio),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(k, format!("must be in [0, 1], got {v}"));
+            }
+        }
+        if self.model.lora.rank > 0 {
+            rlft_model::LoraConfig::new(self.model.lora.rank, self.model.lora.alpha)
+                .with_target_modules(self.model.lora.target_modules.clone())
+                .validate()
+                .or_else(|e| bad("model.lora", e.to_string()))?;
+        }
+        let s = &self.model.scratch;
+        for (k, v, max) in [
+            ("model.scratch.hidden_size", s.hidden_size, 1 << 16),
+            (
+                "model.scratch.intermediate_size",
+                s.intermediate_size,
+                1 << 18,
+            ),
+            ("model.scratch.layers", s.layers, 1024),
+            ("model.scratch.heads", s.heads, 1024),
+            ("model.scratch.kv_heads", s.kv_heads, 1024),
+        ] {
+            if v == 0 || v > max {
+                return bad(k, format!("must be in 1..={max}, got {v}"));
+            }
+        }
+        if !s.heads.is_multiple_of(s.kv_heads) || !s.hidden_size.is_multiple_of(s.heads) {
+            return bad(
+                "model.scratch",
+                "heads must divide hidden_size and be a multiple of kv_heads".into(),
+            );
+        }
+        let width = s.hidden_size / s.heads;
+        if width < 2 || !width.is_multiple_of(2) {
+            return bad(
+                "model.scratch",
+                format!(
+                    "the head width hidden_size / heads = {width} must be even (RoPE rotates \
+                     pairs); e.g. hidden_size = {} for {} heads",
+                    s.heads * 2 * width.div_ceil(2).max(1),
+                    s.heads
+                ),
+            );
+        }
+        rlft_rollout::TaskKind::parse(&self.task.name)
+            .map(|_| ())
+            .or_else(|e| bad("task.name", e.to_string()))?;
+        if !(1..=3).contains(&self.task.difficulty) {
+            return bad(
+                "task.difficulty",
+                format!("must be 1, 2 or 3, got {}", self.task.difficulty),
+            );
+        }
+        for op in &self.task.ops {
+            if !["+", "-", "*"].contains(&op.as_str()) {
+                return bad(
+                    "task.ops",
+                    format!("'{op}': use any of \"+\", \"-\", \"*\""),
+                );
+            }
+        }
+        let e = self.sft.teacher_error;
+        if !(0.0..=1.0).contains(&e) {
+            return bad("sft.teacher_error", format!("must be in [0, 1], got {e}"));
+        }
+        if e > 0.0 && self.task.name != "arithmetic" {
+            return bad(
+                "sft.teacher_error",
+                format!(
+                    "only the arithmetic task has numeric answers to get wrong, not '{}'; set it to 0",
+                    self.task.name
+                ),
+            );
+        }
+        if self.eval.size == 0 {
+            return bad("eval.size", "must be at least 1".into());
+        }
+        if self.checkpoint.keep == 0 {
+            return bad("checkpoint.keep", "must be at least 1".into());
+        }
+        crate::trainer::resolve_algorithm(self, registry)?;
+        Ok(())
+    }
+}
