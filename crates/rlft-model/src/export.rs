@@ -166,9 +166,8 @@ impl Transformer {
         };
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let write_atomic = |name: &str, bytes: &[u8]| -> Result<()> {
-            let tmp = dir.join(format!(".{name}.tmp"));
-            std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-            std::fs::rename(&tmp, dir.join(name)).map_err(io(&tmp))
+            let path = dir.join(name);
+            crate::write_atomic(&path, bytes).map_err(io(&path))
         };
         let tensors = self.hf_tensors();
         let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors

@@ -31,3 +31,32 @@ pub use load::Pretrained;
 pub use model::{ForwardInput, KvCache, Transformer, ValueModel};
 pub use rope::LLAMA3_ORIGINAL_CONTEXT;
 pub use tokenizer::{TokenStream, Tokenizer};
+
+/// Writes `bytes` to `path` crash-safely: a temporary file beside it is written and synced, then
+/// renamed over `path`, and the folder is synced (on Unix), so a reader finds the old contents or
+/// the new, never a part. Every file rlft writes goes through here.
+///
+/// # Errors
+/// The I/O error of the step that failed (the temporary file is removed).
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut name = std::ffi::OsString::from(".");
+    name.push(path.file_name().unwrap_or_default());
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        std::io::Write::write_all(&mut f, bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}

@@ -384,9 +384,11 @@ impl Tokenizer {
     pub fn save(&self, dir: &Path) -> Result<()> {
         let io = |path: PathBuf| move |source| ModelError::Io { path, source };
         let path = dir.join("tokenizer.json");
-        self.inner
-            .save(&path, false)
+        let text = self
+            .inner
+            .to_string(false)
             .map_err(|e| tok_err(&path, format!("cannot write: {e}")))?;
+        crate::write_atomic(&path, text.as_bytes()).map_err(io(path.clone()))?;
         let name = |id: Option<u32>| id.and_then(|i| self.id_to_token(i));
         let cfg = json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -400,10 +402,10 @@ impl Tokenizer {
         });
         let cfg_path = dir.join("tokenizer_config.json");
         let text = serde_json::to_string_pretty(&cfg).expect("JSON values serialise");
-        std::fs::write(&cfg_path, text).map_err(io(cfg_path.clone()))?;
+        crate::write_atomic(&cfg_path, text.as_bytes()).map_err(io(cfg_path.clone()))?;
         if let Some(t) = &self.chat_template {
             let p = dir.join("chat_template.jinja");
-            std::fs::write(&p, t.source()).map_err(io(p.clone()))?;
+            crate::write_atomic(&p, t.source().as_bytes()).map_err(io(p.clone()))?;
         }
         Ok(())
     }

@@ -82,22 +82,10 @@ pub enum TrainError {
 /// Result alias for rlft-train.
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
-/// Writes `bytes` to `path` crash-safely: a temporary file beside it is written and synced, then
-/// renamed over `path`, and the folder is synced, so a reader sees the old or the new contents,
-/// never a part.
+/// Writes `bytes` to `path` crash-safely ([`rlft_model::write_atomic`]: temporary file, fsync,
+/// rename, folder sync).
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    let tmp = path.with_file_name(name);
-    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))?;
-    if let Some(dir) = path.parent() {
-        sync_dir(dir);
-    }
-    Ok(())
+    rlft_model::write_atomic(path, bytes).map_err(io_err(path))
 }
 
 /// Syncs a folder so that renames inside it are durable (Unix; elsewhere a no-op).

@@ -50,11 +50,21 @@ pub fn plot_metrics(metrics: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
     let text = register_font();
     let mut written = Vec::new();
     for (name, pts) in series {
-        let file = out_dir.join(format!("plot_{}.png", name.replace(['/', ' '], "_")));
-        draw(&file, &name, &pts, text).map_err(|e| TrainError::Io {
-            path: file.clone(),
-            source: std::io::Error::other(e),
-        })?;
+        let stem = format!("plot_{}", name.replace(['/', ' '], "_"));
+        let file = out_dir.join(format!("{stem}.png"));
+        // Drawn beside it, synced, then renamed over it: a reader never sees half a picture.
+        let tmp = out_dir.join(format!(".{stem}.tmp.png"));
+        draw(&tmp, &name, &pts, text)
+            .map_err(std::io::Error::other)
+            .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, &file))
+            .map_err(|source| {
+                let _ = std::fs::remove_file(&tmp);
+                TrainError::Io {
+                    path: file.clone(),
+                    source,
+                }
+            })?;
         written.push(file);
     }
     Ok(written)
