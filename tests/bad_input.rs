@@ -340,6 +340,13 @@ fn bad_input_is_a_clear_error_never_a_panic() {
     with_set(
         &mut cases,
         &tmp,
+        "huge batch",
+        &["sft.batch_size=100000000000000000"],
+        &["sft.batch_size", "at most"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
         "set index",
         &["task.ops[9223372036854775807]=\"+\""],
         &["dotted name"],
@@ -698,9 +705,17 @@ fn bad_input_is_a_clear_error_never_a_panic() {
     );
     ckpt_case(
         "latest dangling",
-        &|d| std::fs::write(d.join("latest"), "step-9").unwrap(),
+        &|d| {
+            for e in std::fs::read_dir(d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() && p.file_name().unwrap() != "final" {
+                    std::fs::remove_dir_all(p).unwrap();
+                }
+            }
+            std::fs::write(d.join("latest"), "step-9").unwrap();
+        },
         &[],
-        &["step-9", "--resume"],
+        &["step-9", "new output_dir"],
         &mut cases,
     );
     ckpt_case(

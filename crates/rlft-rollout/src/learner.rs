@@ -40,7 +40,8 @@ pub struct LossOut<T> {
 }
 
 impl LearnerBatch {
-    /// `(start, len)` of chunks of at most `chunk` response positions, as even as possible.
+    /// `(start, len)` of the fewest chunks of at most `chunk` response positions, all of one
+    /// size but the last.
     fn chunks(&self, chunk: usize) -> Vec<(usize, usize)> {
         let t = self.tokens();
         let c = t.div_ceil(t.div_ceil(chunk.max(1)).max(1)).max(1);
@@ -143,12 +144,17 @@ pub fn chunked_backward<T, E: From<rlft_algo::AlgoError>>(
     let t = batch.tokens();
     let device = lp_leaf.device();
     let zeros = || Tensor::<1>::zeros([t], (&device, lp_leaf.dtype())).without_autodiff();
-    let g_lp = lp_leaf.grad(&g).map_or_else(zeros, |x| x.reshape([t]));
+    let g_lp = lp_leaf.grad(&g).map(|x| x.reshape([t]));
     let g_ent = entropy_grad
         .then(|| ent_leaf.grad(&g))
         .flatten()
         .map(|x| x.reshape([t]));
     drop(g);
+    if g_lp.is_none() && g_ent.is_none() {
+        // The loss does not depend on the policy: no gradient, as in the one-pass graph.
+        return Ok((GradientsParams::new(), out.extra));
+    }
+    let g_lp = g_lp.unwrap_or_else(zeros);
     // 4. Per chunk: the head's gradient and ∂L/∂h.
     let h_leaf = h.clone().detach().require_grad();
     let mut grads = GradientsParams::new();

@@ -74,45 +74,98 @@ pub fn save(
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
     }
-    std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
-    write(&tmp)?;
-    let state_path = tmp.join(STATE_FILE);
-    std::fs::write(&state_path, serde_json::to_vec_pretty(state)?).map_err(io_err(&state_path))?;
-    let recipe_path = tmp.join(RECIPE_FILE);
-    std::fs::write(&recipe_path, &state.recipe).map_err(io_err(&recipe_path))?;
-    for entry in std::fs::read_dir(&tmp).map_err(io_err(&tmp))? {
-        let p = entry.map_err(io_err(&tmp))?.path();
-        std::fs::File::open(&p)
-            .and_then(|f| f.sync_all())
-            .map_err(io_err(&p))?;
+    let written = (|| {
+        std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
+        write(&tmp)?;
+        let state_path = tmp.join(STATE_FILE);
+        std::fs::write(&state_path, serde_json::to_vec_pretty(state)?)
+            .map_err(io_err(&state_path))?;
+        let recipe_path = tmp.join(RECIPE_FILE);
+        std::fs::write(&recipe_path, &state.recipe).map_err(io_err(&recipe_path))?;
+        for entry in std::fs::read_dir(&tmp).map_err(io_err(&tmp))? {
+            let p = entry.map_err(io_err(&tmp))?.path();
+            std::fs::File::open(&p)
+                .and_then(|f| f.sync_all())
+                .map_err(io_err(&p))?;
+        }
+        sync_dir(&tmp);
+        Ok(())
+    })();
+    if let Err(e) = written {
+        // A failed write (a full disk) leaves no half checkpoint behind.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
     }
-    sync_dir(&tmp);
     crate::fault::point(|| format!("checkpoint:{name}"));
+    // Saving a name again (a run resumed from an older checkpoint reaches it again): the old
+    // folder is moved aside, not deleted, until the new one is in place.
+    let old = output_dir.join(format!("{name}.old"));
     if dst.exists() {
-        std::fs::remove_dir_all(&dst).map_err(io_err(&dst))?;
+        if old.exists() {
+            std::fs::remove_dir_all(&old).map_err(io_err(&old))?;
+        }
+        std::fs::rename(&dst, &old).map_err(io_err(&dst))?;
     }
     std::fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
     sync_dir(output_dir);
     write_atomic(&output_dir.join("latest"), name.as_bytes())?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old).map_err(io_err(&old))?;
+    }
     let order = record(output_dir, &name)?;
     prune(output_dir, keep, &order, &name)?;
     Ok(dst)
 }
 
+/// Makes `dir` (a checkpoint of the run in `output_dir`) the run's latest, as a resume from it
+/// does: the run goes on from there, so a crash before its next checkpoint resumes there again,
+/// not at a later checkpoint of the abandoned branch.
+pub fn adopt(output_dir: &Path, dir: &Path) -> Result<()> {
+    let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
+        return Ok(());
+    };
+    if dir.parent() != Some(output_dir) && !output_dir.join(name).join(STATE_FILE).exists() {
+        return Ok(());
+    }
+    write_atomic(&output_dir.join("latest"), name.as_bytes())?;
+    record(output_dir, name)?;
+    Ok(())
+}
+
 /// Appends `name` to the run's write order (moving it last if it was written before), and
 /// returns the order. The file is replaced atomically.
 fn record(output_dir: &Path, name: &str) -> Result<Vec<String>> {
-    let path = output_dir.join(ORDER_FILE);
-    let mut order: Vec<String> = std::fs::read_to_string(&path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && *l != name)
-        .map(String::from)
+    let mut order: Vec<String> = read_order(output_dir)?
+        .into_iter()
+        .filter(|l| l != name)
         .collect();
     order.push(name.to_string());
-    write_atomic(&path, (order.join("\n") + "\n").as_bytes())?;
+    write_atomic(
+        &output_dir.join(ORDER_FILE),
+        (order.join("\n") + "\n").as_bytes(),
+    )?;
     Ok(order)
+}
+
+/// The run's checkpoint names in write order (none before the first checkpoint).
+fn read_order(output_dir: &Path) -> Result<Vec<String>> {
+    let path = output_dir.join(ORDER_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(TrainError::Checkpoint {
+            path,
+            msg: format!(
+                "cannot read the run's checkpoint order ({e}); pruning would go by step, not \
+                 by write order: fix the file's permissions or delete it"
+            ),
+        }),
+    }
 }
 
 /// The checkpoint folders in `output_dir`, oldest first by (warm-up before RL, step).
@@ -153,6 +206,13 @@ fn prune(output_dir: &Path, keep: usize, order: &[String], latest: &str) -> Resu
             .map(|n| output_dir.join(n))
             .filter(|p| p.is_dir()),
     );
+    // Temporary folders of checkpoints a crash cut short hold whole weights: swept here.
+    for entry in std::fs::read_dir(output_dir).map_err(io_err(output_dir))? {
+        let p = entry.map_err(io_err(output_dir))?.path();
+        if p.is_dir() && p.extension().is_some_and(|e| e == "tmp" || e == "old") {
+            std::fs::remove_dir_all(&p).map_err(io_err(&p))?;
+        }
+    }
     let excess = oldest_first.len().saturating_sub(keep);
     for p in oldest_first.iter().take(excess) {
         if name(p).as_deref() != Some(latest) {
@@ -243,12 +303,23 @@ pub fn resume_from(path: &Path) -> Result<ResumeFrom> {
         if dir.join(STATE_FILE).exists() {
             return Ok(ResumeFrom::Checkpoint(dir));
         }
+        if let Some(newest) = newest_complete(path)? {
+            eprintln!(
+                "note: 'latest' names {}, which is missing or incomplete; resuming from {}, the \
+                 newest complete checkpoint",
+                dir.display(),
+                newest.display()
+            );
+            return Ok(ResumeFrom::Checkpoint(newest));
+        }
         return Err(err(format!(
-            "'latest' names {} which has no {STATE_FILE}; resume from another checkpoint \
-             folder of the run (--resume {}/step-N)",
-            dir.display(),
-            path.display()
+            "'latest' names {} which has no {STATE_FILE}, and no other checkpoint is complete; \
+             resume from another copy of the run, or start it again in a new output_dir",
+            dir.display()
         )));
+    }
+    if let Some(newest) = newest_complete(path)? {
+        return Ok(ResumeFrom::Checkpoint(newest));
     }
     if path.join(RECIPE_FILE).exists() {
         return Ok(ResumeFrom::Start(path.into()));
@@ -257,6 +328,21 @@ pub fn resume_from(path: &Path) -> Result<ResumeFrom> {
         "neither a checkpoint (no {STATE_FILE}) nor a run folder (no 'latest' checkpoint, no \
          {RECIPE_FILE}); --resume takes a run's output_dir or one of its checkpoint folders"
     )))
+}
+
+/// The newest checkpoint of a run folder with a `state.json`: the last in write order, else
+/// by (warm-up before RL, step).
+fn newest_complete(output_dir: &Path) -> Result<Option<PathBuf>> {
+    let complete = |p: &PathBuf| p.join(STATE_FILE).exists();
+    let by_order = read_order(output_dir)?
+        .into_iter()
+        .rev()
+        .map(|n| output_dir.join(n))
+        .find(complete);
+    if by_order.is_some() {
+        return Ok(by_order);
+    }
+    Ok(checkpoints_in(output_dir)?.into_iter().rev().find(complete))
 }
 
 /// Reads a checkpoint's state.
@@ -338,6 +424,38 @@ mod tests {
         // keep = 1 never deletes what latest names.
         save(&out, &state(3), 1, write).unwrap();
         assert!(out.join("step-3").exists() && !out.join("step-6").exists());
+        std::fs::remove_dir_all(&out).ok();
+    }
+
+    /// Resuming from an older checkpoint makes it `latest`; a broken `latest` falls back to the
+    /// newest complete checkpoint; a failed write leaves no temporary folder; saving a name
+    /// again replaces it.
+    #[test]
+    fn adopt_fallback_and_failed_writes() {
+        let out = std::env::temp_dir().join(format!("rlft-ckpt-adopt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).unwrap();
+        let write = |d: &Path| std::fs::write(d.join("w"), b"x").map_err(io_err(d));
+        for step in [1, 2, 3] {
+            save(&out, &state(step), 3, write).unwrap();
+        }
+        adopt(&out, &out.join("step-1")).unwrap();
+        assert_eq!(locate(&out).unwrap(), out.join("step-1"));
+        // A crash that left `latest` naming a missing folder resumes from the newest in order.
+        std::fs::write(out.join("latest"), "step-9").unwrap();
+        assert_eq!(locate(&out).unwrap(), out.join("step-1"));
+        std::fs::remove_file(out.join("latest")).unwrap();
+        assert_eq!(locate(&out).unwrap(), out.join("step-1"));
+        let e = save(&out, &state(4), 3, |_| {
+            Err(TrainError::Diverged("disk full".into()))
+        });
+        assert!(e.is_err() && !out.join("step-4.tmp").exists());
+        save(&out, &state(2), 3, |d| {
+            std::fs::write(d.join("w"), b"y").map_err(io_err(d))
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(out.join("step-2/w")).unwrap(), b"y");
+        assert!(!out.join("step-2.old").exists());
         std::fs::remove_dir_all(&out).ok();
     }
 }

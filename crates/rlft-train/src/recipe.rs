@@ -598,7 +598,8 @@ impl Recipe {
 
     /// Checks the recipe asked for at resume (`self`) against the run's stored one: only the
     /// keys in [`RESUMABLE_KEYS`] may differ. `schedule.steps` extends or shortens the run, and
-    /// the learning-rate schedule's horizon becomes the new total.
+    /// the learning-rate schedule's horizon becomes the new total. `output_dir` is not compared:
+    /// the run goes on in the folder `--resume` names.
     ///
     /// # Errors
     /// Naming every other key that differs, with both values.
@@ -610,7 +611,8 @@ impl Recipe {
         let keys: std::collections::BTreeSet<&String> = asked.keys().chain(was.keys()).collect();
         let changed: Vec<String> = keys
             .into_iter()
-            .filter(|k| asked.get(*k) != was.get(*k) && !resumable(k))
+            // `output_dir` is the folder `--resume` names, however it is spelled.
+            .filter(|k| asked.get(*k) != was.get(*k) && !resumable(k) && *k != "output_dir")
             .map(|k| {
                 let show = |v: Option<&serde_json::Value>| {
                     v.map_or_else(|| "(unset)".to_string(), |v| v.to_string())

@@ -143,6 +143,13 @@ impl Trainer {
         }
         let path = self.recipe.output_dir.join("sft_metrics.jsonl");
         let mut log = MetricsLog::open(&path, self.resumed.then_some(self.state.sft_step))?;
+        if log.torn_lines > 0 {
+            eprintln!(
+                "note: {}: dropped a torn last line (a write cut short); the warm-up steps after \
+                 the checkpoint are recomputed",
+                path.display()
+            );
+        }
         if self.sft_optim.is_none() {
             self.sft_optim = Some(self.sft_adamw());
         }
@@ -197,11 +204,14 @@ impl Trainer {
             log.write(m)?;
             self.state.sft_step = step + 1;
             crate::fault::point(|| format!("warmup:{}", step + 1));
+            // The flag is read once: a Ctrl-C between two reads must not skip the checkpoint.
+            // At the last warm-up step the warm-up's end (`step-0`) is the checkpoint.
+            let stop_now = stopping(stop);
             let last = step + 1 == s.steps;
-            if !last && (stopping(stop) || (every > 0 && (step + 1).is_multiple_of(every))) {
+            if !last && (stop_now || (every > 0 && (step + 1).is_multiple_of(every))) {
                 self.save_checkpoint()?;
             }
-            if !last && stopping(stop) {
+            if !last && stop_now {
                 return Ok(false);
             }
         }
@@ -269,7 +279,12 @@ impl Trainer {
             }
         }
         let mut interrupted = false;
-        while self.state.step < steps {
+        if self.state.step < steps && stopping(stop.as_ref()) {
+            // Asked to stop during the warm-up's last step or the step-0 evaluation: `step-0`
+            // (after a warm-up), the loaded checkpoint, or the run's start is where it resumes.
+            interrupted = true;
+        }
+        while self.state.step < steps && !interrupted {
             let step = self.state.step + 1;
             let mut m = self.step(step)?;
             self.state.step = step;
@@ -295,7 +310,8 @@ impl Trainer {
                 bar.abandon();
                 return Err(TrainError::Diverged(format!(
                     "{} steps in a row had NaN/Inf loss or gradients (weights left untouched); \
-                     checkpoint {}; lower optimizer.lr or raise optimizer.grad_clip",
+                     checkpoint {}; start a new run with a lower optimizer.lr or a higher \
+                     optimizer.grad_clip (a resumed run keeps its optimizer settings)",
                     self.state.bad_in_row,
                     dir.display()
                 )));

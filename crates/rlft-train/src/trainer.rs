@@ -472,6 +472,7 @@ impl Trainer {
             state = checkpoint::read_state(dir)?;
             state.recipe = trainer.state.recipe.clone();
             trainer.load_checkpoint(dir, state)?;
+            checkpoint::adopt(&trainer.recipe.output_dir, dir)?;
         }
         // The effective recipe, beside the run's checkpoints: a run killed before its first
         // checkpoint resumes from it.
@@ -812,9 +813,9 @@ impl Trainer {
                     let values = ids.unpack(&v, k, rows[i].resp_len());
                     if values.iter().any(|x| !x.is_finite()) {
                         return Err(TrainError::Diverged(
-                            "the critic's values are NaN/Inf (its weights diverged); resume \
-                             from an earlier checkpoint (--resume OUTPUT_DIR/step-N) with a \
-                             lower optimizer.lr or algorithm.value_coef"
+                            "the critic's values are NaN/Inf (its weights diverged); start a new run \
+                             with a lower optimizer.lr or algorithm.value_coef (a resumed run \
+                             keeps its settings)"
                                 .into(),
                         ));
                     }

@@ -122,8 +122,8 @@ fn every_recipe_runs_two_steps() {
     );
 }
 
-/// Interrupt during the warm-up and after the first RL step (as Ctrl-C does), resume, and
-/// compare with a run that was never interrupted: every metric except throughput and timings is bit-identical.
+/// Interrupt during the warm-up and at its end (as Ctrl-C does), resume, and compare with a
+/// run that was never interrupted: every metric except throughput and timings is bit-identical.
 #[test]
 fn resume_repeats_an_uninterrupted_run_exactly() {
     let path = root().join("recipes/quickstart.toml");
@@ -149,19 +149,16 @@ fn resume_repeats_an_uninterrupted_run_exactly() {
     assert_eq!((s.steps, s.warmup_steps), (0, Some(1)));
     let state = checkpoint::read_state(&checkpoint::locate(&b).unwrap()).unwrap();
     assert_eq!((state.sft_done, state.sft_step), (false, 1));
-    // ...then, resumed, RL stops after its first step...
+    // ...then, resumed, the warm-up ends (its last step is not cut: `step-0` is its end's
+    // checkpoint) and the run stops before RL's first step...
     let s = Trainer::new(Recipe::load(&path, &overrides(&b)).unwrap(), Some(&b))
         .unwrap()
         .run(Some(stop))
         .unwrap();
     assert!(s.interrupted);
-    assert_eq!((s.steps, s.warmup_steps), (1, None));
-    assert_eq!(
-        checkpoint::read_state(&checkpoint::locate(&b).unwrap())
-            .unwrap()
-            .step,
-        1
-    );
+    assert_eq!((s.steps, s.warmup_steps), (0, None));
+    let state = checkpoint::read_state(&checkpoint::locate(&b).unwrap()).unwrap();
+    assert_eq!((state.sft_done, state.step), (true, 0));
     // ...and runs to the end.
     let s = Trainer::new(Recipe::load(&path, &overrides(&b)).unwrap(), Some(&b))
         .unwrap()

@@ -4,6 +4,9 @@
 use super::{Recipe, ScheduleSection};
 use crate::{Result, TrainError};
 
+/// The largest count a recipe may give for anything that is allocated or looped over per item.
+pub const MAX_SIZE: usize = 1 << 20;
+
 impl Recipe {
     /// Checks every value's range against the built-in losses; messages say what is allowed.
     pub fn validate(&self) -> Result<()> {
@@ -38,6 +41,26 @@ impl Recipe {
         ] {
             if v == 0 {
                 return bad(k, "must be at least 1".into());
+            }
+        }
+        // Sizes that allocate or loop per item: a huge value is a typo, not a run.
+        for (k, v) in [
+            ("rollout.prompts_per_step", r.prompts_per_step),
+            ("rollout.group_size", r.group_size),
+            ("rollout.max_new_tokens", r.max_new_tokens),
+            ("rollout.max_turns", r.max_turns),
+            ("rollout.max_total_tokens", r.max_total_tokens),
+            ("rollout.max_prompt_len", r.max_prompt_len),
+            ("algorithm.ppo_epochs", a.ppo_epochs),
+            ("algorithm.mini_batches", a.mini_batches),
+            ("algorithm.micro_batch_size", a.micro_batch_size),
+            ("algorithm.max_gen_batches", a.max_gen_batches),
+            ("sft.batch_size", self.sft.batch_size),
+            ("eval.size", self.eval.size),
+            ("eval.k", self.eval.k),
+        ] {
+            if v > MAX_SIZE {
+                return bad(k, format!("must be at most {MAX_SIZE}, got {v}"));
             }
         }
         if !(r.temperature.is_finite() && r.temperature > 0.0) {
