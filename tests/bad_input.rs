@@ -340,6 +340,27 @@ fn bad_input_is_a_clear_error_never_a_panic() {
     with_set(
         &mut cases,
         &tmp,
+        "lag outside lagged",
+        &["async.lag=2"],
+        &["async.lag", "lagged"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "lagged without lag",
+        &["async.mode=\"lagged\""],
+        &["async.lag"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "async mode typo",
+        &["async.mode=\"lag\""],
+        &["async.mode", "lagged"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
         "huge batch",
         &["sft.batch_size=100000000000000000"],
         &["sft.batch_size", "at most"],

@@ -36,12 +36,14 @@ fn run_to_end(args: &[&str]) {
     );
 }
 
-/// Starts a run that pauses at `point`, waits for it to get there, and kills it (SIGKILL).
-fn kill_at(out_dir: &Path, point: &str) {
+/// Starts a run (with extra `--set`s) that pauses at `point`, waits for it to get there, and
+/// kills it (SIGKILL).
+fn kill_at(out_dir: &Path, point: &str, sets: &[&str]) {
     let mut child = rlft()
         .args(["train", &recipe().to_string_lossy()])
         .arg("--set")
         .arg(format!("output_dir=\"{}\"", out_dir.display()))
+        .args(sets.iter().flat_map(|x| ["--set", x]))
         .env(rlft::train::fault::PAUSE_ENV, point)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -108,7 +110,7 @@ fn killed_anywhere_then_resumed_equals_an_uninterrupted_run() {
         "checkpoint:step-4",
     ] {
         let dir = tmp(&point.replace(':', "-"));
-        kill_at(&dir, point);
+        kill_at(&dir, point, &[]);
         run_to_end(&["--resume", &dir.to_string_lossy()]);
         assert_eq!(
             metrics(&dir.join("sft_metrics.jsonl")),
@@ -173,4 +175,44 @@ fn resume_allows_only_the_listed_overrides() {
     let stored = std::fs::read_to_string(dir.join("recipe.toml")).unwrap();
     assert!(stored.contains("steps = 6"), "{stored}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Lagged mode (the staleness testbed) keeps the policies of the last `lag` versions: they are
+/// checkpointed, so a run killed and resumed samples with the same old weights.
+#[test]
+fn lagged_mode_killed_then_resumed_equals_an_uninterrupted_run() {
+    let sets = ["async.mode=\"lagged\"", "async.lag=2", "schedule.steps=5"];
+    let reference = tmp("lagged-reference");
+    let mut args = vec![recipe().to_string_lossy().to_string()];
+    for x in sets
+        .iter()
+        .map(|x| x.to_string())
+        .chain([format!("output_dir=\"{}\"", reference.display())])
+    {
+        args.push("--set".into());
+        args.push(x);
+    }
+    run_to_end(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let want_m = metrics(&reference.join("metrics.jsonl"));
+    // Sampled by the policy min(2, step − 1) versions old.
+    for m in &want_m[1..] {
+        let step = m["step"].as_u64().unwrap();
+        assert_eq!(m["staleness/max"].as_f64(), Some(2.min(step - 1) as f64));
+    }
+    for point in ["update:3", "checkpoint:step-4", "rollout:5"] {
+        let dir = tmp(&format!("lagged-{}", point.replace(':', "-")));
+        kill_at(&dir, point, &sets);
+        run_to_end(&["--resume", &dir.to_string_lossy()]);
+        assert_eq!(
+            metrics(&dir.join("metrics.jsonl")),
+            want_m,
+            "lagged metrics after a kill at {point}"
+        );
+        assert!(
+            weights(&dir) == weights(&reference),
+            "final weights after a kill at {point}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    std::fs::remove_dir_all(&reference).ok();
 }

@@ -57,6 +57,28 @@ pub const STATE_FILE: &str = "state.json";
 /// folder (written when the run starts, so a run killed before its first checkpoint can be
 /// resumed from its start).
 pub const RECIPE_FILE: &str = "recipe.toml";
+/// Lagged mode: the file of the policy of version `v` (kept for the steps it still samples).
+pub fn snapshot_file(v: u64) -> String {
+    format!("snapshot-{v}.bpk")
+}
+
+/// The versions of the lagged-mode snapshots in a checkpoint folder, oldest first.
+pub fn snapshot_versions(dir: &Path) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let name = entry.map_err(io_err(dir))?.file_name();
+        if let Some(v) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("snapshot-")?.strip_suffix(".bpk"))
+            .and_then(|v| v.parse().ok())
+        {
+            out.push(v);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
 /// In a run folder: its checkpoints' names in the order they were written, oldest first.
 pub const ORDER_FILE: &str = "checkpoints.txt";
 

@@ -20,6 +20,7 @@ pub mod recipe;
 #[cfg(test)]
 mod recipe_fuzz;
 pub mod run;
+pub mod staleness;
 pub mod trainer;
 
 pub use recipe::Recipe;

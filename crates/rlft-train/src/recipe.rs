@@ -3,6 +3,7 @@
 //! the nearest valid key; every value is range-checked before any model is loaded.
 
 use crate::correction::{CorrectionSection, RatioReference};
+use crate::staleness::AsyncSection;
 use crate::{Result, TrainError};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -43,6 +44,9 @@ pub struct Recipe {
     pub eval: EvalSection,
     /// Console output.
     pub logging: LoggingSection,
+    /// `[async]`: how stale the samples are ([`crate::staleness`]).
+    #[serde(rename = "async")]
+    pub asynchrony: AsyncSection,
 }
 
 impl Default for Recipe {
@@ -61,6 +65,7 @@ impl Default for Recipe {
             checkpoint: CheckpointSection::default(),
             eval: EvalSection::default(),
             logging: LoggingSection::default(),
+            asynchrony: AsyncSection::default(),
         }
     }
 }

@@ -91,6 +91,19 @@ impl Trainer {
                     .map_err(|e| err("the critic optimizer state", format!("{e:?}")))?,
             );
         }
+        if let Some(snapshots) = self.snapshots.as_mut() {
+            // Lagged mode: the policies of the kept versions, oldest first.
+            for v in checkpoint::snapshot_versions(dir)? {
+                let m = self
+                    .policy
+                    .as_ref()
+                    .map(|p| p.valid())
+                    .ok_or_else(|| err("the policy", "moved out".into()))?
+                    .try_load_file(dir.join(checkpoint::snapshot_file(v)))
+                    .map_err(|e| err("a lagged-mode snapshot", format!("{e:?}")))?;
+                snapshots.restore(v, m);
+            }
+        }
         self.loader = DataLoader::new(self.train_set.len(), self.recipe.seed, state.cursor)?;
         self.state = state;
         self.resumed = true;
@@ -106,6 +119,11 @@ impl Trainer {
         };
         let critic = self.critic.clone();
         let critic_optim = &self.critic_optim;
+        let snapshots: Vec<(u64, rlft_model::Transformer)> = self
+            .snapshots
+            .iter()
+            .flat_map(|s| s.iter().cloned())
+            .collect();
         checkpoint::save(
             &self.recipe.output_dir,
             &self.state,
@@ -126,6 +144,10 @@ impl Trainer {
                         .map_err(|x| e("critic", format!("{x:?}")))?;
                     o.save(dir.join(checkpoint::CRITIC_OPTIM_FILE))
                         .map_err(|x| e("critic optimizer", format!("{x:?}")))?;
+                }
+                for (v, m) in snapshots {
+                    m.save_file(dir.join(checkpoint::snapshot_file(v)))
+                        .map_err(|x| e("lagged-mode snapshot", format!("{x:?}")))?;
                 }
                 Ok(())
             },

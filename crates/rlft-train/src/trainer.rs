@@ -15,6 +15,7 @@ use crate::metrics::StepMetrics;
 use crate::offpolicy::{OffPolicy, StepDiagnostics};
 use crate::optim::FusedAdamWConfig;
 use crate::recipe::Recipe;
+use crate::staleness::{AsyncMode, Snapshots, staleness_metrics};
 use crate::{Result, TrainError, host, io_err};
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
@@ -294,6 +295,8 @@ pub struct Trainer {
     pub(crate) sft_optim: Option<ModuleOptimizer>,
     /// A checkpoint was loaded (its logs are cut back to it, not started afresh).
     pub(crate) resumed: bool,
+    /// Lagged mode: the policies of the last `async.lag + 1` versions.
+    pub(crate) snapshots: Option<Snapshots>,
 }
 
 /// AdamW with the recipe's settings (gradient clipping is done by the trainer, which also
@@ -467,7 +470,16 @@ impl Trainer {
             state: state.clone(),
             sft_optim: None,
             resumed: false,
+            snapshots: None,
         };
+        if trainer.recipe.asynchrony.mode == AsyncMode::Lagged {
+            let lag = trainer
+                .recipe
+                .asynchrony
+                .lag()
+                .map_err(TrainError::Recipe)?;
+            trainer.snapshots = Some(Snapshots::new(lag));
+        }
         if let Some(checkpoint::ResumeFrom::Checkpoint(dir)) = &resume {
             state = checkpoint::read_state(dir)?;
             state.recipe = trainer.state.recipe.clone();
@@ -560,7 +572,16 @@ impl Trainer {
     fn collect(&mut self, step: usize) -> Result<Collected> {
         let r = self.recipe.rollout.clone();
         let a = self.recipe.algorithm.clone();
-        let model = self.policy().valid();
+        // The weights that sample this step: the current ones, or in lagged mode those of
+        // `async.lag` versions ago.
+        let current = self.policy().valid();
+        let (version, model) = match self.snapshots.as_mut() {
+            Some(s) => {
+                let (v, m) = s.sample_with(step as u64, current);
+                (v, m.clone())
+            }
+            None => (step as u64, current),
+        };
         let cfg = self.rollout_config(r.group_size, self.sampling());
         let mut c = Collected::default();
         let rounds = if a.dynamic_sampling {
@@ -584,7 +605,7 @@ impl Trainer {
                 self.env.as_ref(),
                 &self.rewards,
                 &cfg,
-                step as u64,
+                version,
                 seed,
             )?;
             c.failed += b.failed_rewards;
@@ -629,6 +650,17 @@ impl Trainer {
         let trajs: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
         // A group is stale when any of its tokens came from an older policy than the learner's.
         let stale = trajs.iter().any(|t| t.version < step as u64);
+        // Each group's oldest policy version, for the staleness metrics.
+        let oldest: Vec<u64> = groups
+            .iter()
+            .map(|g| {
+                g.trajectories
+                    .iter()
+                    .map(|t| t.version)
+                    .min()
+                    .unwrap_or(step as u64)
+            })
+            .collect();
         let beta = self.beta();
         if a.kl_placement == "loss" {
             self.algo.config.kl_coef = beta;
@@ -700,6 +732,10 @@ impl Trainer {
         m.insert("reward/failed".into(), json!(failed));
         m.insert("reward/timeouts".into(), json!(timeouts));
         m.insert("prompts/skipped".into(), json!(skipped_prompts));
+        let eta = self.snapshots.as_ref().map_or(0, Snapshots::lag);
+        for (k, v) in staleness_metrics(step as u64, &oldest, eta) {
+            m.insert(k, json!(v));
+        }
         let lr = self.lr(step - 1);
         m.insert("lr".into(), json!(lr));
         m.insert(

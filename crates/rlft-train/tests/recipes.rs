@@ -469,3 +469,37 @@ fn chunked_head_and_token_budget_train_like_the_plain_pass() {
     }
     assert!(a["grad_norm"].as_f64().unwrap() > 0.0);
 }
+
+/// `async.mode = "lagged"` with `lag = 0` is sync, bit for bit (the staleness metrics included);
+/// with `lag = 2` each step samples with the policy two versions old.
+#[test]
+fn lagged_mode_of_lag_zero_is_sync_and_lag_two_is_two_versions_old() {
+    let three = ["schedule.steps=3"];
+    let sync = quickstart_metrics("lag-sync", &three);
+    let lag0 = quickstart_metrics(
+        "lag-0",
+        &["schedule.steps=3", "async.mode=\"lagged\"", "async.lag=0"],
+    );
+    let strip = |v: &[rlft_train::metrics::StepMetrics]| {
+        v.iter()
+            .map(|m| {
+                let mut m = m.clone();
+                m.retain(|k, _| k != "tokens_per_s" && !k.starts_with("time/"));
+                m
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip(&sync), strip(&lag0));
+    assert!(sync[1..].iter().all(|m| m["staleness/max"] == 0.0));
+    let lag2 = quickstart_metrics(
+        "lag-2",
+        &["schedule.steps=3", "async.mode=\"lagged\"", "async.lag=2"],
+    );
+    let at = |k: usize, key: &str| lag2[k][key].as_f64().unwrap();
+    assert_eq!(at(1, "staleness/hist/0"), 1.0, "step 1 has no older policy");
+    assert_eq!(at(2, "staleness/hist/1"), 1.0);
+    assert_eq!(at(3, "staleness/hist/2"), 1.0);
+    assert_eq!(at(3, "staleness/max"), 2.0);
+    // Sampling with older weights changes what is learned.
+    assert_ne!(strip(&sync)[3], strip(&lag2)[3]);
+}

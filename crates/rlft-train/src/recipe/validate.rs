@@ -263,6 +263,9 @@ impl Recipe {
         if self.checkpoint.keep == 0 {
             return bad("checkpoint.keep", "must be at least 1".into());
         }
+        if let Err(e) = self.asynchrony.lag() {
+            return bad("async.lag", e);
+        }
         crate::trainer::resolve_algorithm(self, registry)?;
         Ok(())
     }
