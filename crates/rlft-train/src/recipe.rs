@@ -230,7 +230,7 @@ pub struct AlgorithmSection {
     /// KL estimator (`k1`, `k2`, `k3`, `abs`, ...).
     pub kl_estimator: String,
     /// `loss` (β·KL in the loss) or `reward` (−β·KL per token in the reward).
-    pub kl_placement: String,
+    pub kl_placement: KlPlacement,
     /// Entropy bonus α.
     pub entropy_coef: f64,
     /// Policy updates per batch.
@@ -287,7 +287,7 @@ impl Default for AlgorithmSection {
             advantage: String::new(),
             kl_coef: 0.0,
             kl_estimator: "k3".into(),
-            kl_placement: "loss".into(),
+            kl_placement: KlPlacement::Loss,
             entropy_coef: 0.0,
             ppo_epochs: 1,
             mini_batches: 1,
@@ -350,17 +350,40 @@ pub struct ScheduleSection {
     pub steps: usize,
     /// After `warmup_steps` of linear ramp: `constant` (`linear_warmup` is the same), `linear`
     /// (down to `min_lr_ratio` of the peak at `steps`, TRL's default) or `cosine` (verl's).
-    pub kind: String,
+    pub kind: ScheduleKind,
     /// Warm-up steps.
     pub warmup_steps: usize,
     /// Floor of `linear` and `cosine` as a fraction of the peak.
     pub min_lr_ratio: f64,
 }
 
-impl ScheduleSection {
-    /// The values `kind` accepts.
-    pub const KINDS: [&str; 4] = ["constant", "linear_warmup", "linear", "cosine"];
+/// The learning-rate curve after the warm-up ramp.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    /// Hold the peak.
+    #[default]
+    Constant,
+    /// The same as `constant` (the name TRL users know).
+    LinearWarmup,
+    /// Linear decay to `min_lr_ratio` of the peak at the last step.
+    Linear,
+    /// Cosine decay to `min_lr_ratio` of the peak at the last step.
+    Cosine,
+}
 
+/// Where the reference-model KL penalty goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlPlacement {
+    /// A loss term `β·KL` (GRPO).
+    #[default]
+    Loss,
+    /// Subtracted from the per-token reward before the advantages (PPO/RLHF).
+    Reward,
+}
+
+impl ScheduleSection {
     /// The learning rate at `step` (0-based) for a peak of `peak`: linear warm-up over
     /// `warmup_steps`, then constant, or a linear or cosine decay from the peak down to
     /// `peak * min_lr_ratio` at `steps`.
@@ -371,10 +394,12 @@ impl ScheduleSection {
         let span = self.steps.saturating_sub(self.warmup_steps).max(1) as f64;
         let t = ((step - self.warmup_steps) as f64 / span).min(1.0);
         let floor = peak * self.min_lr_ratio;
-        match self.kind.as_str() {
-            "cosine" => floor + (peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()),
-            "linear" => floor + (peak - floor) * (1.0 - t),
-            _ => peak,
+        match self.kind {
+            ScheduleKind::Cosine => {
+                floor + (peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+            }
+            ScheduleKind::Linear => floor + (peak - floor) * (1.0 - t),
+            ScheduleKind::Constant | ScheduleKind::LinearWarmup => peak,
         }
     }
 }
@@ -383,7 +408,7 @@ impl Default for ScheduleSection {
     fn default() -> Self {
         Self {
             steps: 100,
-            kind: "constant".into(),
+            kind: ScheduleKind::Constant,
             warmup_steps: 0,
             min_lr_ratio: 0.0,
         }
@@ -410,7 +435,7 @@ pub struct SftSection {
     /// `schedule.kind`: `constant`, `linear` or `cosine` (both down to `lr * min_lr_ratio` at the
     /// last step). A decaying rate ends the warm-up on a settled model rather than on one noisy
     /// step of a constant rate.
-    pub schedule: String,
+    pub schedule: ScheduleKind,
     /// Floor of `linear` and `cosine` as a fraction of `lr`.
     pub min_lr_ratio: f64,
 }
@@ -420,7 +445,7 @@ impl SftSection {
     pub fn lr_schedule(&self) -> ScheduleSection {
         ScheduleSection {
             steps: self.steps,
-            kind: self.schedule.clone(),
+            kind: self.schedule,
             warmup_steps: (self.steps / 10).max(1),
             min_lr_ratio: self.min_lr_ratio,
         }
@@ -435,7 +460,7 @@ impl Default for SftSection {
             lr: 1e-3,
             weight_decay: 0.0,
             teacher_error: 0.0,
-            schedule: "constant".into(),
+            schedule: ScheduleKind::Constant,
             min_lr_ratio: 0.0,
         }
     }
@@ -657,7 +682,7 @@ mod tests {
     fn schedules_ramp_up_then_hold_or_decay_to_their_floor() {
         let s = ScheduleSection {
             steps: 10,
-            kind: "cosine".into(),
+            kind: ScheduleKind::Cosine,
             warmup_steps: 2,
             min_lr_ratio: 0.1,
         };
@@ -667,14 +692,14 @@ mod tests {
         assert!(lr[2..].windows(2).all(|w| w[1] <= w[0]));
         assert!(lr[10..].iter().all(|&v| (v - 0.1).abs() < 1e-12));
         let linear = ScheduleSection {
-            kind: "linear".into(),
+            kind: ScheduleKind::Linear,
             ..s.clone()
         };
         assert!((linear.lr(1.0, 6) - 0.55).abs() < 1e-12);
         assert!((linear.lr(1.0, 4) - 0.775).abs() < 1e-12);
         assert!((linear.lr(1.0, 11) - 0.1).abs() < 1e-12);
         let constant = ScheduleSection {
-            kind: "constant".into(),
+            kind: ScheduleKind::Constant,
             ..s
         };
         assert_eq!(constant.lr(2.0, 0), 1.0);
@@ -682,7 +707,7 @@ mod tests {
         // The warm-up ramps over its first tenth (at least one step), then follows `schedule`.
         let sft = SftSection {
             steps: 20,
-            schedule: "cosine".into(),
+            schedule: ScheduleKind::Cosine,
             ..SftSection::default()
         };
         let s = sft.lr_schedule();

@@ -14,7 +14,7 @@ use crate::learn::{aligned, t2};
 use crate::metrics::StepMetrics;
 use crate::offpolicy::{OffPolicy, StepDiagnostics};
 use crate::optim::FusedAdamWConfig;
-use crate::recipe::Recipe;
+use crate::recipe::{KlPlacement, Recipe};
 use crate::staleness::{AsyncMode, Snapshots, staleness_metrics};
 use crate::{Result, TrainError, host, io_err};
 use burn::module::Module;
@@ -95,7 +95,7 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
         .kl_estimator
         .parse::<KlEstimator>()
         .map_err(|e| TrainError::Recipe(format!("algorithm.kl_estimator: {e}")))?;
-    c.kl_coef = if a.kl_placement == "loss" {
+    c.kl_coef = if a.kl_placement == KlPlacement::Loss {
         a.kl_coef
     } else {
         0.0
@@ -662,7 +662,7 @@ impl Trainer {
             })
             .collect();
         let beta = self.beta();
-        if a.kl_placement == "loss" {
+        if a.kl_placement == KlPlacement::Loss {
             self.algo.config.kl_coef = beta;
         }
         // Clip-Cov's draws: fresh each step, a function of (seed, step) like every random choice.
@@ -885,7 +885,7 @@ impl Trainer {
                     values[i * rmax + j] = v[j];
                 }
             }
-            if a.kl_placement == "reward"
+            if a.kl_placement == KlPlacement::Reward
                 && beta > 0.0
                 && let Some(r) = &row.ref_lp
             {

@@ -1,7 +1,7 @@
 //! Range and enum checks of every recipe value, with messages that name the key and what is
 //! allowed.
 
-use super::{Recipe, ScheduleSection};
+use super::Recipe;
 use crate::{Result, TrainError};
 
 /// The largest count a recipe may give for anything that is allocated or looped over per item.
@@ -163,21 +163,6 @@ impl Recipe {
                 "algorithm.overlong_cache_len",
                 format!("must be ≤ rollout.max_new_tokens ({})", r.max_new_tokens),
             );
-        }
-        if !["loss", "reward"].contains(&a.kl_placement.as_str()) {
-            return bad(
-                "algorithm.kl_placement",
-                format!("'{}': use 'loss' or 'reward'", a.kl_placement),
-            );
-        }
-        for (k, v) in [
-            ("schedule.kind", &self.schedule.kind),
-            ("sft.schedule", &self.sft.schedule),
-        ] {
-            if !ScheduleSection::KINDS.contains(&v.as_str()) {
-                let [rest @ .., last] = ScheduleSection::KINDS;
-                return bad(k, format!("'{v}': use {} or {last}", rest.join(", ")));
-            }
         }
         for (k, v) in [
             ("schedule.min_lr_ratio", self.schedule.min_lr_ratio),
