@@ -199,7 +199,10 @@ fn bad_recipes_fail_before_loading_a_model() {
         "{e}"
     );
     let e = err(&["algorithm.kl_placement=\"both\""]);
-    assert!(e.contains("algorithm.kl_placement") && e.contains("`reward`"), "{e}");
+    assert!(
+        e.contains("algorithm.kl_placement") && e.contains("`reward`"),
+        "{e}"
+    );
     assert!(err(&["algorithm.advantage=\"gae\""]).contains("model.critic"));
     assert!(err(&["nonsense"]).contains("KEY=VALUE"));
     assert!(err(&["sft.teacher_error=1.5"]).contains("sft.teacher_error: must be in [0, 1]"));
