@@ -7,6 +7,7 @@
 //! schedule — with an optional SFT warm-up, a PPO critic, atomic checkpoints with exact resume,
 //! `metrics.jsonl`, a progress bar and plots.
 
+pub mod algorithm;
 pub mod checkpoint;
 pub mod correction;
 pub mod fault;
@@ -23,9 +24,10 @@ pub mod run;
 pub mod staleness;
 pub mod trainer;
 
+pub use algorithm::Extensions;
 pub use recipe::Recipe;
 pub use run::RunSummary;
-pub use trainer::{Extensions, Trainer};
+pub use trainer::Trainer;
 
 use burn::tensor::Tensor;
 use std::path::PathBuf;

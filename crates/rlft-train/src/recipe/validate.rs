@@ -251,7 +251,7 @@ impl Recipe {
         if let Err(e) = self.asynchrony.lag() {
             return bad("async.lag", e);
         }
-        crate::trainer::resolve_algorithm(self, registry)?;
+        crate::algorithm::resolve_algorithm(self, registry)?;
         Ok(())
     }
 }
