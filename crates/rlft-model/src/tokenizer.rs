@@ -320,6 +320,11 @@ impl Tokenizer {
         &self.inner
     }
 
+    /// The id that pads a batch: the pad token, else the first end-of-sequence token, else 0.
+    pub fn padding_id(&self) -> u32 {
+        self.pad_id.or(self.eos_ids.first().copied()).unwrap_or(0)
+    }
+
     /// Number of token ids (vocabulary plus added tokens).
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

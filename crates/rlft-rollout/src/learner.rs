@@ -21,9 +21,106 @@
 use crate::LearnerBatch;
 use burn::module::Module;
 use burn::optim::GradientsParams;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use rlft_algo::{entropy_from_logits, logprobs_from_logits};
 use rlft_model::Transformer;
+
+/// A rollout batch as the learner takes it: the scored trajectories (failed rewards left out)
+/// in the learner's layout, with their per-token `[n, R]` tensors laid out as
+/// [`LearnerBatch::rows`] lays out log-probs (rows in order, zeros past each response). The
+/// bridge from the sampler to a loss for trainers written by hand.
+#[derive(Debug, Clone)]
+pub struct LearnerInputs {
+    /// The rows, packed.
+    pub batch: LearnerBatch,
+    /// `[n, R]`: 1 on model-generated tokens, 0 on tool observations and past the response.
+    pub mask: Tensor<2>,
+    /// `[n, R]`: `log μ` of each model token, as the sampler recorded it.
+    pub behaviour_logprobs: Tensor<2>,
+    /// `[n, R]`: each row's outcome reward on its last model token, 0 elsewhere (the input of
+    /// the outcome-reward advantage estimators).
+    pub token_rewards: Tensor<2>,
+    /// The group (prompt) of each row: GRPO's baseline is taken within a group.
+    pub group_ids: Vec<u64>,
+    /// The reward of each row.
+    pub rewards: Vec<f64>,
+}
+
+impl LearnerInputs {
+    /// The scored trajectories of `groups` on `device`; `pad_id` fills the layout's padding
+    /// (the tokenizer's pad or end-of-sequence id).
+    pub fn from_groups(groups: &[crate::Group], pad_id: i64, device: &Device) -> Self {
+        let rows: Vec<(usize, &crate::Trajectory)> = groups
+            .iter()
+            .enumerate()
+            .flat_map(|(g, group)| group.trajectories.iter().map(move |t| (g, t)))
+            .filter(|(_, t)| t.reward.is_some())
+            .collect();
+        let ids: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|(_, t)| {
+                t.prompt_ids
+                    .iter()
+                    .chain(&t.response_ids)
+                    .copied()
+                    .collect()
+            })
+            .collect();
+        let layout: Vec<(&[u32], usize)> = ids
+            .iter()
+            .zip(&rows)
+            .map(|(i, (_, t))| (&i[..], t.prompt_ids.len()))
+            .collect();
+        let batch = LearnerBatch::new(&layout, pad_id, device);
+        let (n, r) = (batch.rows_len(), batch.response_len());
+        let (mut mask, mut mu, mut rew) = (vec![0f32; n * r], vec![0f32; n * r], vec![0f32; n * r]);
+        for (k, (_, t)) in rows.iter().enumerate() {
+            for (j, (&m, &lp)) in t.loss_mask.iter().zip(&t.behaviour_logprobs).enumerate() {
+                mask[k * r + j] = f32::from(m);
+                mu[k * r + j] = lp;
+            }
+            if let Some(last) = t.loss_mask.iter().rposition(|&m| m == 1) {
+                rew[k * r + last] = t.reward.unwrap_or(0.0) as f32;
+            }
+        }
+        let t2 = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [n, r]), device);
+        Self {
+            mask: t2(mask),
+            behaviour_logprobs: t2(mu),
+            token_rewards: t2(rew),
+            group_ids: rows.iter().map(|(g, _)| *g as u64).collect(),
+            rewards: rows.iter().map(|(_, t)| t.reward.unwrap_or(0.0)).collect(),
+            batch,
+        }
+    }
+}
+
+impl LearnerInputs {
+    /// The advantage estimators' input: the outcome rewards on each row's last model token, the
+    /// mask, the groups.
+    pub fn advantage_input(&self) -> rlft_algo::advantage::AdvantageInput {
+        rlft_algo::advantage::AdvantageInput::new(self.token_rewards.clone(), self.mask.clone())
+            .with_groups(self.group_ids.clone())
+    }
+
+    /// A policy loss's input for the learner's log-probs `lp` and entropies `ent` (what
+    /// [`chunked_backward`] hands its closure), with `advantages`, the ratio anchored at μ (an
+    /// on-policy update: π_old = μ) and the mask.
+    pub fn loss_input(
+        &self,
+        lp: Tensor<2>,
+        ent: Tensor<2>,
+        advantages: Tensor<2>,
+    ) -> rlft_algo::loss::PolicyLossInput {
+        rlft_algo::loss::PolicyLossInput::new(
+            lp,
+            self.behaviour_logprobs.clone(),
+            advantages,
+            self.mask.clone(),
+        )
+        .with_entropy(ent)
+    }
+}
 
 /// Response positions per chunk that keep one chunk's logits within `budget_bytes` at
 /// `vocab` (f32), at least 1.
@@ -37,6 +134,13 @@ pub struct LossOut<T> {
     pub loss: Tensor<1>,
     /// Anything else the caller wants back (metrics).
     pub extra: T,
+}
+
+impl<T> LossOut<T> {
+    /// The loss to differentiate and what to hand back with the gradient.
+    pub fn new(loss: Tensor<1>, extra: T) -> Self {
+        Self { loss, extra }
+    }
 }
 
 impl LearnerBatch {
@@ -216,7 +320,7 @@ fn add(into: &mut GradientsParams, mut from: GradientsParams, model: &Transforme
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{Device, TensorData};
+    use burn::tensor::Device;
     use rlft_model::TransformerConfig;
 
     fn batch(device: &Device) -> LearnerBatch {

@@ -165,6 +165,13 @@ pub struct LengthPenalty {
     pub coef: f64,
 }
 
+impl LengthPenalty {
+    /// `coef` per `target` tokens past `target`.
+    pub fn new(target: usize, coef: f64) -> Self {
+        Self { target, coef }
+    }
+}
+
 impl Reward for LengthPenalty {
     fn name(&self) -> &str {
         "length_penalty"
