@@ -308,10 +308,13 @@ pub(crate) fn t2(device: &Device, v: Vec<f32>, b: usize, t: usize) -> Tensor<2> 
     Tensor::from_data(TensorData::new(v, [b, t]), device)
 }
 
-/// Global L2 norm of `grads` over `module`'s parameters; scales them to `max_norm` if larger.
-/// Gradients in host memory are summed and scaled by parallel passes over their elements where
-/// they lie ([`rlft_model::hostmem`]); others by tensor operations on their device.
-pub(crate) fn clip_grads<M: Module>(
+/// Global L2 norm of `grads` over `module`'s parameters; scales them to `max_norm` if larger
+/// (`max_norm = 0`: no clipping). Returns the gradients and the norm before clipping — NaN or ∞
+/// when any gradient is, the signal to skip the step (the trainer's NaN/Inf guard). Gradients in
+/// host memory are summed and scaled by parallel passes over their elements where they lie
+/// ([`rlft_model::hostmem`]), in a fixed order, so the norm is the same run to run; others by
+/// tensor operations on their device.
+pub fn clip_grads<M: Module>(
     mut grads: GradientsParams,
     module: &M,
     max_norm: f64,

@@ -25,6 +25,7 @@ pub mod staleness;
 pub mod trainer;
 
 pub use algorithm::Extensions;
+pub use learn::clip_grads;
 pub use recipe::Recipe;
 pub use run::RunSummary;
 pub use trainer::Trainer;
