@@ -121,10 +121,10 @@ pub fn train(args: impl IntoIterator<Item = String>) -> Result<String, rlft_trai
         overrides,
         resume: args.value("resume").map(Into::into),
     };
-    // Reject a bad command line or recipe before touching the Ctrl-C handler.
-    cmd.recipe()?;
+    // A bad command line or recipe is rejected before the Ctrl-C handler is installed.
+    let recipe = cmd.recipe()?;
     let stop = launch::stop_on_ctrl_c()?;
-    let (summary, out) = cmd.run(Some(stop))?;
+    let (summary, out) = cmd.run(recipe, Some(stop))?;
     Ok(launch::report(&summary, &out))
 }
 

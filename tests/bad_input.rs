@@ -95,6 +95,15 @@ fn with_set(cases: &mut Vec<Case>, tmp: &Scratch, name: &str, sets: &[&str], exp
     });
 }
 
+/// Rewrites the `config.json` of model folder `dir` through `edit`.
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, v.to_string()).unwrap();
+}
+
 fn truncate(path: &Path, keep: usize) {
     let bytes = std::fs::read(path).unwrap();
     std::fs::write(path, &bytes[..keep.min(bytes.len())]).unwrap();
@@ -613,23 +622,17 @@ fn bad_input_is_a_clear_error_never_a_panic() {
     model_case(
         "config other size",
         &|d| {
-            let c = std::fs::read_to_string(d.join("config.json")).unwrap();
-            let mut v: serde_json::Value = serde_json::from_str(&c).unwrap();
-            let h = v["hidden_size"].as_u64().unwrap();
-            v["hidden_size"] = (h * 2).into();
-            std::fs::write(d.join("config.json"), v.to_string()).unwrap();
+            edit_config(d, |v| {
+                let h = v["hidden_size"].as_u64().unwrap();
+                v["hidden_size"] = (h * 2).into();
+            })
         },
         &["config.json", "shape"],
         &mut cases,
     );
     model_case(
         "config unsupported arch",
-        &|d| {
-            let c = std::fs::read_to_string(d.join("config.json")).unwrap();
-            let mut v: serde_json::Value = serde_json::from_str(&c).unwrap();
-            v["model_type"] = "gpt2".into();
-            std::fs::write(d.join("config.json"), v.to_string()).unwrap();
-        },
+        &|d| edit_config(d, |v| v["model_type"] = "gpt2".into()),
         &["config.json", "gpt2"],
         &mut cases,
     );
@@ -641,12 +644,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
     );
     model_case(
         "vocab past the embedding",
-        &|d| {
-            let c = std::fs::read_to_string(d.join("config.json")).unwrap();
-            let mut v: serde_json::Value = serde_json::from_str(&c).unwrap();
-            v["vocab_size"] = 8.into();
-            std::fs::write(d.join("config.json"), v.to_string()).unwrap();
-        },
+        &|d| edit_config(d, |v| v["vocab_size"] = 8.into()),
         &["tokenizer", "embedding"],
         &mut cases,
     );

@@ -36,6 +36,24 @@ fn run_to_end(args: &[&str]) {
     );
 }
 
+/// Runs the recipe (with extra `--set`s) into `out` to its end.
+fn run_recipe(out: &Path, sets: &[&str]) {
+    let out_dir = format!("output_dir=\"{}\"", out.display());
+    let mut args = vec![recipe().to_string_lossy().to_string()];
+    for x in sets.iter().copied().chain([out_dir.as_str()]) {
+        args.extend(["--set".to_string(), x.to_string()]);
+    }
+    run_to_end(&args.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+/// Kills a run (with extra `--set`s) at `point`, resumes it to its end, and returns its folder.
+fn killed_and_resumed(tag: &str, point: &str, sets: &[&str]) -> PathBuf {
+    let dir = tmp(&format!("{tag}{}", point.replace(':', "-")));
+    kill_at(&dir, point, sets);
+    run_to_end(&["--resume", &dir.to_string_lossy()]);
+    dir
+}
+
 /// Starts a run (with extra `--set`s) that pauses at `point`, waits for it to get there, and
 /// kills it (SIGKILL).
 fn kill_at(out_dir: &Path, point: &str, sets: &[&str]) {
@@ -89,8 +107,7 @@ fn weights(run: &Path) -> Vec<u8> {
 #[test]
 fn killed_anywhere_then_resumed_equals_an_uninterrupted_run() {
     let reference = tmp("reference");
-    let set = format!("output_dir=\"{}\"", reference.display());
-    run_to_end(&[&recipe().to_string_lossy(), "--set", &set]);
+    run_recipe(&reference, &[]);
     let want_w = weights(&reference);
     let want_m = metrics(&reference.join("metrics.jsonl"));
     let want_sft = metrics(&reference.join("sft_metrics.jsonl"));
@@ -109,9 +126,7 @@ fn killed_anywhere_then_resumed_equals_an_uninterrupted_run() {
         "rollout:3",
         "checkpoint:step-4",
     ] {
-        let dir = tmp(&point.replace(':', "-"));
-        kill_at(&dir, point, &[]);
-        run_to_end(&["--resume", &dir.to_string_lossy()]);
+        let dir = killed_and_resumed("", point, &[]);
         assert_eq!(
             metrics(&dir.join("sft_metrics.jsonl")),
             want_sft,
@@ -136,8 +151,7 @@ fn killed_anywhere_then_resumed_equals_an_uninterrupted_run() {
 #[test]
 fn resume_allows_only_the_listed_overrides() {
     let dir = tmp("overrides");
-    let set = format!("output_dir=\"{}\"", dir.display());
-    run_to_end(&[&recipe().to_string_lossy(), "--set", &set]);
+    run_recipe(&dir, &[]);
     let d = dir.to_string_lossy().to_string();
     let before = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
     for (bad, key) in [
@@ -183,16 +197,7 @@ fn resume_allows_only_the_listed_overrides() {
 fn lagged_mode_killed_then_resumed_equals_an_uninterrupted_run() {
     let sets = ["async.mode=\"lagged\"", "async.lag=2", "schedule.steps=5"];
     let reference = tmp("lagged-reference");
-    let mut args = vec![recipe().to_string_lossy().to_string()];
-    for x in sets
-        .iter()
-        .map(|x| x.to_string())
-        .chain([format!("output_dir=\"{}\"", reference.display())])
-    {
-        args.push("--set".into());
-        args.push(x);
-    }
-    run_to_end(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    run_recipe(&reference, &sets);
     let want_m = metrics(&reference.join("metrics.jsonl"));
     // Sampled by the policy min(2, step − 1) versions old.
     for m in &want_m[1..] {
@@ -200,9 +205,7 @@ fn lagged_mode_killed_then_resumed_equals_an_uninterrupted_run() {
         assert_eq!(m["staleness/max"].as_f64(), Some(2.min(step - 1) as f64));
     }
     for point in ["update:3", "checkpoint:step-4", "rollout:5"] {
-        let dir = tmp(&format!("lagged-{}", point.replace(':', "-")));
-        kill_at(&dir, point, &sets);
-        run_to_end(&["--resume", &dir.to_string_lossy()]);
+        let dir = killed_and_resumed("lagged-", point, &sets);
         assert_eq!(
             metrics(&dir.join("metrics.jsonl")),
             want_m,

@@ -51,12 +51,19 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
+    sync_dir(path.parent().unwrap_or(std::path::Path::new(".")));
+    Ok(())
+}
+
+/// Syncs a folder so that renames inside it are durable (Unix; elsewhere a no-op). The empty
+/// path is the current folder.
+pub fn sync_dir(dir: &std::path::Path) {
+    let dir = if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
     };
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }
-    Ok(())
 }

@@ -4,7 +4,8 @@
 //! `warmup-<k>` during the SFT warm-up and `step-<n>` after RL step `n` (`step-0`: the warm-up
 //! is over, no RL step taken yet). Each holds the run's effective recipe (`recipe.toml`).
 
-use crate::{Result, TrainError, io_err, sync_dir, write_atomic};
+use crate::{Result, TrainError, io_err, write_atomic};
+use rlft_model::sync_dir;
 use rlft_rollout::DataCursor;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

@@ -45,12 +45,16 @@ impl TrainCommand {
         }
     }
 
-    /// Builds the trainer and runs it to the end, or until `stop` is set.
+    /// Builds the trainer for `recipe` (what [`TrainCommand::recipe`] gave) and runs it to the
+    /// end, or until `stop` is set.
     ///
     /// # Errors
-    /// Everything [`TrainCommand::recipe`], [`Trainer::new`] and [`Trainer::run`] report.
-    pub fn run(&self, stop: Option<Arc<AtomicBool>>) -> Result<(RunSummary, PathBuf)> {
-        let recipe = self.recipe()?;
+    /// Everything [`Trainer::new`] and [`Trainer::run`] report.
+    pub fn run(
+        &self,
+        recipe: Recipe,
+        stop: Option<Arc<AtomicBool>>,
+    ) -> Result<(RunSummary, PathBuf)> {
         let mut trainer = Trainer::new(recipe, self.resume.as_deref())?;
         let out = trainer.output_dir().to_path_buf();
         Ok((trainer.run(stop)?, out))

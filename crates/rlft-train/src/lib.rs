@@ -92,18 +92,6 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     rlft_model::write_atomic(path, bytes).map_err(io_err(path))
 }
 
-/// Syncs a folder so that renames inside it are durable (Unix; elsewhere a no-op).
-pub(crate) fn sync_dir(dir: &std::path::Path) {
-    let dir = if dir.as_os_str().is_empty() {
-        std::path::Path::new(".")
-    } else {
-        dir
-    };
-    if let Ok(f) = std::fs::File::open(dir) {
-        let _ = f.sync_all();
-    }
-}
-
 pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> TrainError {
     let path = path.into();
     move |source| TrainError::Io { path, source }

@@ -18,9 +18,6 @@ impl Recipe {
         let bad = |key: &str, msg: String| Err(TrainError::Recipe(format!("{key}: {msg}")));
         let r = &self.rollout;
         let a = &self.algorithm;
-        if r.prompts_per_step == 0 {
-            return bad("rollout.prompts_per_step", "must be at least 1".into());
-        }
         if r.group_size < 2 && !self.model.critic {
             return bad(
                 "rollout.group_size",
@@ -30,35 +27,26 @@ impl Recipe {
                 ),
             );
         }
-        for (k, v) in [
-            ("rollout.max_new_tokens", r.max_new_tokens),
-            ("rollout.max_turns", r.max_turns),
-            ("rollout.max_total_tokens", r.max_total_tokens),
-            ("algorithm.ppo_epochs", a.ppo_epochs),
-            ("algorithm.mini_batches", a.mini_batches),
-            ("algorithm.micro_batch_size", a.micro_batch_size),
-            ("eval.k", self.eval.k),
+        // Counts: at least `min` (0 where a check below says more, with its reason), and at most
+        // MAX_SIZE, since each allocates or loops per item (a huge value is a typo, not a run).
+        for (k, v, min) in [
+            ("rollout.prompts_per_step", r.prompts_per_step, 1),
+            ("rollout.group_size", r.group_size, 0),
+            ("rollout.max_new_tokens", r.max_new_tokens, 1),
+            ("rollout.max_turns", r.max_turns, 1),
+            ("rollout.max_total_tokens", r.max_total_tokens, 1),
+            ("rollout.max_prompt_len", r.max_prompt_len, 0),
+            ("algorithm.ppo_epochs", a.ppo_epochs, 1),
+            ("algorithm.mini_batches", a.mini_batches, 1),
+            ("algorithm.micro_batch_size", a.micro_batch_size, 1),
+            ("algorithm.max_gen_batches", a.max_gen_batches, 0),
+            ("sft.batch_size", self.sft.batch_size, 0),
+            ("eval.size", self.eval.size, 1),
+            ("eval.k", self.eval.k, 1),
         ] {
-            if v == 0 {
-                return bad(k, "must be at least 1".into());
+            if v < min {
+                return bad(k, format!("must be at least {min}"));
             }
-        }
-        // Sizes that allocate or loop per item: a huge value is a typo, not a run.
-        for (k, v) in [
-            ("rollout.prompts_per_step", r.prompts_per_step),
-            ("rollout.group_size", r.group_size),
-            ("rollout.max_new_tokens", r.max_new_tokens),
-            ("rollout.max_turns", r.max_turns),
-            ("rollout.max_total_tokens", r.max_total_tokens),
-            ("rollout.max_prompt_len", r.max_prompt_len),
-            ("algorithm.ppo_epochs", a.ppo_epochs),
-            ("algorithm.mini_batches", a.mini_batches),
-            ("algorithm.micro_batch_size", a.micro_batch_size),
-            ("algorithm.max_gen_batches", a.max_gen_batches),
-            ("sft.batch_size", self.sft.batch_size),
-            ("eval.size", self.eval.size),
-            ("eval.k", self.eval.k),
-        ] {
             if v > MAX_SIZE {
                 return bad(k, format!("must be at most {MAX_SIZE}, got {v}"));
             }
@@ -241,9 +229,6 @@ impl Recipe {
                     self.task.name
                 ),
             );
-        }
-        if self.eval.size == 0 {
-            return bad("eval.size", "must be at least 1".into());
         }
         if self.checkpoint.keep == 0 {
             return bad("checkpoint.keep", "must be at least 1".into());
