@@ -56,6 +56,7 @@ fn main() -> Result<()> {
     let ext = Extensions {
         registry,
         rewards: vec![(0.2, Arc::new(Terse) as Arc<dyn Reward>)],
+        ..Extensions::default()
     };
     let summary = Trainer::with_extensions(recipe, None, ext)?.run(None)?;
     println!("{}", summary.table);

@@ -25,10 +25,10 @@ seed = 0
 output_dir = "runs/grpo_step"
 [model]
 path = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-[task]
-name = "arithmetic"
-chat = true
-dataset = "benches/data/grpo_step_prompts.jsonl"
+[data]
+train = "benches/data/grpo_step_prompts.jsonl"
+[[reward]]
+kind = "exact"                 # the last number of the completion, as TRL's anchor scores it
 [rollout]
 prompts_per_step = 1
 group_size = 8

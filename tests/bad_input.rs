@@ -328,8 +328,74 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         &mut cases,
         &tmp,
         "dataset missing",
-        &["task.dataset=\"/nonexistent/train.jsonl\""],
+        &[
+            "data.train=\"/nonexistent/train.jsonl\"",
+            "reward=[{kind = \"exact\"}]",
+        ],
         &["/nonexistent/train.jsonl"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "dataset without reward terms",
+        &["data.train=\"/nonexistent/train.jsonl\""],
+        &["data.train", "[[reward]]"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "task.dataset removed",
+        &["task.dataset=\"train.jsonl\""],
+        &["task.dataset", "[data] train"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "reward option of another kind",
+        &["reward=[{kind = \"math_dapo\", pattern = \"x\"}]"],
+        &["reward[0] (math_dapo)", "`pattern` is not an option"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "reward names collide",
+        &["reward=[{kind = \"exact\"}, {kind = \"exact\"}]"],
+        &["reward[1] (exact)", "another term is named"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "reward without correctness",
+        &["reward=[{kind = \"format\"}]"],
+        &["no term defines accuracy"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "reward command missing",
+        &["reward=[{kind = \"exact\"}, {kind = \"command\", command = [\"/nonexistent/scorer\"]}]"],
+        &["reward[1] (command)", "cannot start", "/nonexistent/scorer"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "tool command without a name",
+        &["tool=[{kind = \"command\", command = [\"sh\"]}]"],
+        &["tool[0]", "needs a name"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "tool command missing",
+        &["tool=[{kind = \"command\", name = \"look\", command = [\"/nonexistent/tool\"]}]"],
+        &["tool[0] (look)", "/nonexistent/tool"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "reward bad regex",
+        &["reward=[{kind = \"exact\"}, {kind = \"regex\", pattern = \"(\"}]"],
+        &["reward[1] (regex)", "not a valid regular expression"],
     );
     with_set(
         &mut cases,
@@ -367,6 +433,54 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         &["async.mode=\"lag\""],
         &["async.mode", "lagged"],
     );
+    for (name, sets, expect) in [
+        (
+            "negative max_staleness",
+            &["async.mode=\"async\"", "async.max_staleness=-1"][..],
+            &["async.max_staleness"][..],
+        ),
+        (
+            "max_staleness outside async",
+            &["async.max_staleness=2"],
+            &["async.max_staleness", "mode = \"async\""],
+        ),
+        (
+            "on_stale typo",
+            &["async.mode=\"async\"", "async.on_stale=\"skip\""],
+            &["on_stale", "requeue"],
+        ),
+        (
+            "zero rollout workers",
+            &["async.mode=\"async\"", "async.rollout_workers=0"],
+            &["async.rollout_workers"],
+        ),
+        (
+            "worker device not compiled",
+            &["async.mode=\"async\"", "rollout.device=\"cuda:1\""],
+            &["rollout.device", "cuda"],
+        ),
+        (
+            "kv_on_update without interruptible",
+            &["async.mode=\"async\"", "async.kv_on_update=\"recompute\""],
+            &["async.kv_on_update", "interruptible"],
+        ),
+        (
+            "kv_on_update typo",
+            &[
+                "async.mode=\"async\"",
+                "async.interruptible=true",
+                "async.kv_on_update=\"reuse\"",
+            ],
+            &["kv_on_update", "recompute"],
+        ),
+        (
+            "worker device outside async",
+            &["rollout.device=\"flex\""],
+            &["rollout.device", "async"],
+        ),
+    ] {
+        with_set(&mut cases, &tmp, name, sets, expect);
+    }
     with_set(
         &mut cases,
         &tmp,
@@ -526,7 +640,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         (
             "dataset not json",
             "this is not json\n",
-            vec![s(".jsonl:1:"), s("expected an object")],
+            vec![s(".jsonl:1:"), s("expected one JSON object per line")],
         ),
         (
             "dataset no prompt",
@@ -536,7 +650,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         (
             "dataset wrong type",
             "{\"prompt\": 7, \"answer\": \"3\"}\n",
-            vec![s("line 1")],
+            vec![s(".jsonl:1:"), s("column \"prompt\"")],
         ),
         ("dataset empty", "", vec![s("no examples")]),
         (
@@ -552,7 +666,10 @@ fn bad_input_is_a_clear_error_never_a_panic() {
             &mut cases,
             &tmp,
             name,
-            &[&format!("task.dataset=\"{path}\"")],
+            &[
+                &format!("data.train=\"{path}\""),
+                "reward=[{kind = \"exact\"}]",
+            ],
             &[],
         );
         let last = cases.last_mut().unwrap();
@@ -856,6 +973,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         cases.len() - failed.len(),
         failed.len()
     );
+    eprintln!("{} bad-input cases", cases.len());
     assert!(cases.len() >= 40, "only {} cases", cases.len());
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }

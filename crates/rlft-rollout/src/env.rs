@@ -14,7 +14,7 @@ use crate::dataset::Example;
 use crate::expr;
 use crate::pool::{JobOutcome, WorkerPool};
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// What follows a model turn.
@@ -40,6 +40,29 @@ pub trait Environment: Send + Sync {
     /// [`RolloutError::WorkersStuck`](crate::RolloutError::WorkersStuck)). A failed tool call
     /// is an observation, not an error.
     fn step(&self, example: &Example, turn: &str) -> Result<EnvStep>;
+
+    /// As [`step`](Environment::step), with the episode's state: `Null` at the episode's
+    /// start, then whatever the environment left in it after the previous turn (the rollout
+    /// engine keeps one per episode). The default ignores it.
+    ///
+    /// # Errors
+    ///
+    /// As [`step`](Environment::step).
+    fn step_in_episode(
+        &self,
+        example: &Example,
+        turn: &str,
+        state: &mut serde_json::Value,
+    ) -> Result<EnvStep> {
+        let _ = state;
+        self.step(example, turn)
+    }
+
+    /// Counters since the previous call, by metric name (e.g. `tool/<name>/calls`), for the
+    /// trainer's step metrics. The default has none.
+    fn take_metrics(&self) -> BTreeMap<String, f64> {
+        BTreeMap::new()
+    }
 }
 
 /// Prompt → completion → reward.
@@ -52,12 +75,23 @@ impl Environment for SingleTurn {
     }
 }
 
-/// An in-process tool.
+/// A tool: an in-process function, or an external program ([`crate::command::CommandTool`]).
 pub trait Tool: Send + Sync {
     /// The name used in calls.
     fn name(&self) -> &str;
     /// Runs the tool on the text between the parentheses.
     fn call(&self, args: &str) -> Result<String, String>;
+    /// As [`call`](Tool::call), seeing the example's metadata and the episode's earlier calls
+    /// (`state`: `{"calls": [{"tool", "args", "output"}, ...]}`). The default ignores them.
+    fn call_in_episode(
+        &self,
+        args: &str,
+        metadata: &serde_json::Value,
+        state: &serde_json::Value,
+    ) -> Result<String, String> {
+        let _ = (metadata, state);
+        self.call(args)
+    }
 }
 
 /// Evaluates arithmetic (`+ - * /`, parentheses) with [`crate::expr`].
@@ -78,6 +112,32 @@ impl Tool for Calculator {
     }
 }
 
+/// Any tool under another name (what the model writes in `<tool>name(...)</tool>`).
+#[derive(Debug, Clone)]
+pub struct NamedTool<T> {
+    /// The name.
+    pub name: String,
+    /// The tool.
+    pub tool: T,
+}
+
+impl<T: Tool> Tool for NamedTool<T> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn call(&self, args: &str) -> Result<String, String> {
+        self.tool.call(args)
+    }
+    fn call_in_episode(
+        &self,
+        args: &str,
+        metadata: &serde_json::Value,
+        state: &serde_json::Value,
+    ) -> Result<String, String> {
+        self.tool.call_in_episode(args, metadata, state)
+    }
+}
+
 /// Multi-turn tool use; calls run on a worker pool shared by the environment's clones.
 #[derive(Clone)]
 pub struct ToolEnv {
@@ -89,6 +149,8 @@ pub struct ToolEnv {
     workers: usize,
     /// Started on the first call; clones share it.
     pool: Arc<OnceLock<WorkerPool>>,
+    /// Calls and failed calls per tool since [`Environment::take_metrics`]; clones share them.
+    stats: Arc<Mutex<BTreeMap<String, (u64, u64)>>>,
 }
 
 impl std::fmt::Debug for ToolEnv {
@@ -110,6 +172,7 @@ impl Default for ToolEnv {
             max_output: 512,
             workers: WorkerPool::default_size(),
             pool: Arc::default(),
+            stats: Arc::default(),
         }
     }
 }
@@ -151,22 +214,38 @@ impl ToolEnv {
         format!("\n<result>{output}</result>\n")
     }
 
-    /// The tool's output, or what went wrong with the call (`Ok(Err(..))`: an observation).
-    fn run(&self, call: &str) -> Result<Result<String, String>> {
+    /// Sets the longest tool output, in bytes.
+    pub fn with_max_output(mut self, bytes: usize) -> Self {
+        self.max_output = bytes;
+        self
+    }
+
+    /// The tool's output, or what went wrong with the call (`Ok(Err(..))`: an observation);
+    /// counted per tool (an unknown tool or a malformed call under `invalid`).
+    fn run(
+        &self,
+        call: &str,
+        metadata: &serde_json::Value,
+        state: &serde_json::Value,
+    ) -> Result<(String, Result<String, String>)> {
         let (tool, args) = match self.parse(call) {
             Ok(found) => found,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => {
+                self.count("invalid", true);
+                return Ok(("invalid".into(), Err(e)));
+            }
         };
-        let label = format!("tool '{}'", tool.name());
-        let out = match self
-            .pool()
-            .run(label, self.timeout, move || tool.call(&args))?
-        {
+        let name = tool.name().to_string();
+        let label = format!("tool '{name}'");
+        let (metadata, state) = (metadata.clone(), state.clone());
+        let out = match self.pool().run(label, self.timeout, move || {
+            tool.call_in_episode(&args, &metadata, &state)
+        })? {
             JobOutcome::Finished(out) => out,
             JobOutcome::Panicked(msg) => Err(format!("tool panicked: {msg}")),
             JobOutcome::TimedOut { after, .. } => Err(format!("tool timed out after {after:?}")),
         };
-        Ok(out.and_then(|out| {
+        let out = out.and_then(|out| {
             if out.len() > self.max_output {
                 return Err(format!(
                     "tool output of {} bytes exceeds the {}-byte limit",
@@ -175,7 +254,16 @@ impl ToolEnv {
                 ));
             }
             Ok(out)
-        }))
+        });
+        self.count(&name, out.is_err());
+        Ok((name, out))
+    }
+
+    fn count(&self, tool: &str, failed: bool) {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let c = stats.entry(tool.to_string()).or_default();
+        c.0 += 1;
+        c.1 += u64::from(failed);
     }
 
     /// The tool and the arguments of a call.
@@ -204,13 +292,23 @@ impl Environment for ToolEnv {
         vec!["</tool>".into()]
     }
 
-    /// Runs the tool call that ends the turn, if any.
+    fn step(&self, example: &Example, turn: &str) -> Result<EnvStep> {
+        self.step_in_episode(example, turn, &mut serde_json::Value::Null)
+    }
+
+    /// Runs the tool call that ends the turn, if any, and records it in the episode's state
+    /// (`{"calls": [{"tool", "args", "output"}]}`, seen by later calls of the episode).
     ///
     /// # Errors
     ///
     /// [`RolloutError::WorkersStuck`](crate::RolloutError::WorkersStuck) when every tool
     /// worker is stuck in a tool that never returned.
-    fn step(&self, _: &Example, turn: &str) -> Result<EnvStep> {
+    fn step_in_episode(
+        &self,
+        example: &Example,
+        turn: &str,
+        state: &mut serde_json::Value,
+    ) -> Result<EnvStep> {
         let Some(end) = turn.rfind("</tool>") else {
             return Ok(EnvStep::Done);
         };
@@ -218,14 +316,52 @@ impl Environment for ToolEnv {
         if !turn[end + "</tool>".len()..].trim().is_empty() {
             return Ok(EnvStep::Done);
         }
-        let out = match turn[..end].rfind("<tool>") {
-            None => Err("malformed call: '</tool>' without '<tool>'".to_string()),
-            Some(start) => self.run(&turn[start + "<tool>".len()..end])?,
+        let (call, (tool, out)) = match turn[..end].rfind("<tool>") {
+            None => {
+                self.count("invalid", true);
+                (
+                    String::new(),
+                    (
+                        "invalid".to_string(),
+                        Err("malformed call: '</tool>' without '<tool>'".to_string()),
+                    ),
+                )
+            }
+            Some(start) => {
+                let call = turn[start + "<tool>".len()..end].to_string();
+                let run = self.run(&call, &example.metadata, state)?;
+                (call, run)
+            }
         };
-        Ok(EnvStep::Observation(Self::format_observation(&match out {
+        let text = match out {
             Ok(v) => v,
             Err(e) => format!("error: {e}"),
-        })))
+        };
+        if !state.is_object() {
+            *state = serde_json::json!({"calls": []});
+        }
+        if let Some(calls) = state.get_mut("calls").and_then(|c| c.as_array_mut()) {
+            calls.push(serde_json::json!({"tool": tool, "args": call, "output": text}));
+        }
+        Ok(EnvStep::Observation(Self::format_observation(&text)))
+    }
+
+    /// `tool/<name>/calls` and `tool/<name>/errors` since the previous call, for every tool
+    /// (0 when not called) and `invalid` (unknown tools and malformed calls) once there was one.
+    fn take_metrics(&self) -> BTreeMap<String, f64> {
+        let mut stats = std::mem::take(&mut *self.stats.lock().unwrap_or_else(|e| e.into_inner()));
+        for name in self.tools.keys() {
+            stats.entry(name.clone()).or_default();
+        }
+        stats
+            .into_iter()
+            .flat_map(|(tool, (calls, errors))| {
+                [
+                    (format!("tool/{tool}/calls"), calls as f64),
+                    (format!("tool/{tool}/errors"), errors as f64),
+                ]
+            })
+            .collect()
     }
 }
 
@@ -233,6 +369,16 @@ impl Environment for ToolEnv {
 mod tests {
     use super::*;
     use crate::dataset::Prompt;
+
+    /// An example with nothing in it (the tools here do not read it).
+    fn blank() -> Example {
+        Example {
+            prompt: Prompt::Text(String::new()),
+            answer: String::new(),
+            completion: None,
+            metadata: serde_json::Value::Null,
+        }
+    }
 
     struct Sleepy;
     impl Tool for Sleepy {
@@ -263,11 +409,7 @@ mod tests {
         .with_tool(Calculator)
         .with_tool(Sleepy)
         .with_tool(Chatty);
-        let ex = Example {
-            prompt: Prompt::Text(String::new()),
-            answer: String::new(),
-            metadata: serde_json::Value::Null,
-        };
+        let ex = blank();
         let obs = |turn: &str| match env.step(&ex, turn).unwrap() {
             EnvStep::Observation(o) => o,
             EnvStep::Done => "DONE".into(),
@@ -294,6 +436,39 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_episode_state_records_calls_and_metrics_count_them() {
+        let env = ToolEnv::new().with_tool(Calculator);
+        let ex = blank();
+        let mut state = serde_json::Value::Null;
+        for turn in [
+            "<tool>calc(1+2)</tool>",
+            "<tool>calc(1/0)</tool>",
+            "<tool>nope(1)</tool>",
+        ] {
+            env.step_in_episode(&ex, turn, &mut state).unwrap();
+        }
+        let calls = state["calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 3);
+        assert_eq!(
+            calls[0],
+            serde_json::json!({"tool": "calc", "args": "calc(1+2)", "output": "3"})
+        );
+        assert_eq!(calls[2]["tool"], "invalid");
+        let m = env.take_metrics();
+        assert_eq!((m["tool/calc/calls"], m["tool/calc/errors"]), (2.0, 1.0));
+        assert_eq!(
+            (m["tool/invalid/calls"], m["tool/invalid/errors"]),
+            (1.0, 1.0)
+        );
+        let again = env.take_metrics();
+        assert_eq!(again.len(), 2, "every tool, 0 when not called: {again:?}");
+        assert_eq!(
+            again["tool/calc/calls"], 0.0,
+            "counted since the previous call"
+        );
+    }
+
     struct Hang(crate::pool::testing::Gate);
     impl Tool for Hang {
         fn name(&self) -> &str {
@@ -313,11 +488,7 @@ mod tests {
             .with_tool(Hang(gate.clone()))
             .with_timeout(Duration::from_millis(100))
             .with_workers(2);
-        let ex = Example {
-            prompt: Prompt::Text(String::new()),
-            answer: String::new(),
-            metadata: serde_json::Value::Null,
-        };
+        let ex = blank();
         let obs = |turn: &str| env.step(&ex, turn);
         let hang = EnvStep::Observation(ToolEnv::format_observation(
             "error: tool timed out after 100ms",

@@ -2,8 +2,10 @@
 //!
 //! The rollout side of RL fine-tuning: batched sampling on the KV-cache model with the behaviour
 //! log-probs `log μ` of every sampled token, environments (single-turn and multi-turn tool use),
-//! built-in tasks with verifiers, rewards, and JSONL datasets.
+//! built-in tasks with verifiers, rewards (with ports of verl's reward scorers in [`scorers`] and
+//! external scorer programs in [`command`]), and JSONL and Parquet datasets.
 
+pub mod command;
 pub mod dataset;
 pub mod env;
 pub mod expr;
@@ -13,18 +15,26 @@ pub mod pool;
 pub mod reward;
 mod rollout;
 mod sampler;
+pub mod scorers;
 pub mod task;
 
-pub use dataset::{DataCursor, DataLoader, Dataset, Example, Prompt};
-pub use env::{Calculator, EnvStep, Environment, SingleTurn, Tool, ToolEnv};
+pub use command::{CommandReward, CommandTool, LineProcess};
+pub use dataset::{Columns, DataCursor, DataLoader, DataRole, Dataset, Example, Prompt};
+pub use env::{Calculator, EnvStep, Environment, NamedTool, SingleTurn, Tool, ToolEnv};
 pub use layout::LearnerBatch;
 pub use pool::{JobOutcome, PoolStats, Ticket, WorkerPool};
 pub use reward::{
-    AnswerFormat, ExactMatch, FormatReward, LengthPenalty, OverlongShaping, Reward, RewardInput,
-    RewardOutcome, RewardSet,
+    AnswerFormat, ExactMatch, FormatReward, LengthPenalty, Named, OverlongShaping, RegexMatch,
+    Reward, RewardInput, RewardOutcome, RewardSet,
 };
-pub use rollout::{Group, RolloutBatch, RolloutConfig, Trajectory, rollout};
-pub use sampler::{Completion, FinishReason, Sampler, SamplingConfig};
+pub use rollout::{Group, RolloutBatch, RolloutConfig, Trajectory, rollout, rollout_updating};
+pub use sampler::{
+    Completion, FinishReason, KvOnUpdate, Sampler, SamplingConfig, Updated, Updates, WeightUpdate,
+};
+pub use scorers::{
+    DapoScore, Gsm8kMethod, ParityReport, Scored, Scorer, check_golden, check_golden_file, gsm8k,
+    math_boxed, math_dapo, qa_em,
+};
 pub use task::{Split, Task, TaskKind};
 
 use std::path::PathBuf;

@@ -4,7 +4,7 @@
 use crate::dataset::Example;
 use crate::env::{EnvStep, Environment};
 use crate::reward::{RewardInput, RewardOutcome, RewardSet};
-use crate::sampler::{FinishReason, Sampler, SamplingConfig};
+use crate::sampler::{FinishReason, Sampler, SamplingConfig, Updates};
 use crate::{Result, RolloutError};
 use burn::config::Config;
 use rlft_model::{Tokenizer, Transformer};
@@ -40,8 +40,13 @@ pub struct Trajectory {
     pub loss_mask: Vec<u8>,
     /// `log μ` of each model token (0 for observations).
     pub behaviour_logprobs: Vec<f32>,
-    /// Policy version that sampled it.
+    /// The oldest policy version among its tokens (the version that sampled it, unless new
+    /// weights reached the generation midway: [`Trajectory::token_versions`]).
     pub version: u64,
+    /// The policy version that sampled each response token (observation tokens: the version
+    /// current when they were appended).
+    #[serde(default)]
+    pub token_versions: Vec<u64>,
     /// Why the last turn ended.
     pub finish_reason: FinishReason,
     /// Cut off by a length limit.
@@ -81,6 +86,12 @@ impl Group {
     pub fn rewards(&self) -> Vec<f64> {
         self.trajectories.iter().filter_map(|t| t.reward).collect()
     }
+
+    /// The oldest policy version among its tokens (`None` for an empty group): what its
+    /// staleness is counted from.
+    pub fn oldest_version(&self) -> Option<u64> {
+        self.trajectories.iter().map(|t| t.version).min()
+    }
 }
 
 /// A batch of groups and what happened on the way.
@@ -109,11 +120,14 @@ struct Episode {
     prompt_len: usize,
     loss_mask: Vec<u8>,
     logprobs: Vec<f32>,
+    versions: Vec<u64>,
     finish: FinishReason,
     truncated: bool,
     done: bool,
     turns: usize,
     turn_start: usize,
+    /// What the environment keeps across the episode's turns.
+    state: serde_json::Value,
 }
 
 /// Generates G responses for each example, runs the environment between turns and scores the
@@ -134,6 +148,30 @@ pub fn rollout(
     version: u64,
     seed: u64,
 ) -> Result<RolloutBatch> {
+    rollout_updating(
+        model, tokenizer, examples, env, rewards, cfg, version, seed, None,
+    )
+}
+
+/// As [`rollout`], with interruptible generation: `poll` is asked for new weights before every
+/// decode step ([`Sampler::generate_updating`]); the episodes go on with the newest weights
+/// (later turns too), and each trajectory records the version of every token
+/// ([`Trajectory::token_versions`]) with `version` the oldest of them.
+///
+/// # Errors
+/// As [`rollout`].
+#[allow(clippy::too_many_arguments)]
+pub fn rollout_updating(
+    model: &Transformer,
+    tokenizer: &Tokenizer,
+    examples: &[Example],
+    env: &dyn Environment,
+    rewards: &RewardSet,
+    cfg: &RolloutConfig,
+    version: u64,
+    seed: u64,
+    mut updates: Option<&mut Updates<'_>>,
+) -> Result<RolloutBatch> {
     if cfg.group_size == 0 {
         return Err(RolloutError::Config("group_size must be at least 1".into()));
     }
@@ -153,16 +191,20 @@ pub fn rollout(
                 context: ids.clone(),
                 loss_mask: Vec::new(),
                 logprobs: Vec::new(),
+                versions: Vec::new(),
                 finish: FinishReason::Length,
                 truncated: false,
                 done: false,
                 turns: 0,
                 turn_start: ids.len(),
+                state: serde_json::Value::Null,
             });
         }
         kept.push(ex.clone());
     }
-    let sampler = Sampler::new(model, Some(tokenizer));
+    // The newest weights an update brought (later calls generate with them).
+    let mut latest: Option<crate::sampler::WeightUpdate> = None;
+    let mut current_version = version;
     let mut stop_strings = cfg.sampling.stop_strings.clone();
     stop_strings.extend(env.stop_strings());
     let start = std::time::Instant::now();
@@ -200,9 +242,27 @@ pub fn rollout(
                 .with_seed(
                     seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (turn as u64) << 48 ^ budget as u64,
                 );
-            let out = sampler.generate(&prompts, &scfg)?;
-            for (&i, c) in rows.iter().zip(out) {
+            let sampler =
+                Sampler::new(latest.as_ref().map_or(model, |w| &w.model), Some(tokenizer));
+            let (out, versions) = match updates.as_deref_mut() {
+                Some(u) => {
+                    u.version = current_version;
+                    let r = sampler.generate_updating(&prompts, &scfg, u)?;
+                    if let Some(w) = r.latest {
+                        current_version = w.version;
+                        latest = Some(w);
+                    }
+                    (r.completions, r.versions)
+                }
+                None => {
+                    let out = sampler.generate(&prompts, &scfg)?;
+                    let v = out.iter().map(|c| vec![version; c.tokens.len()]).collect();
+                    (out, v)
+                }
+            };
+            for ((&i, c), v) in rows.iter().zip(out).zip(versions) {
                 let e = &mut episodes[i];
+                e.versions.extend(v);
                 batch.generated_tokens += c.tokens.len();
                 e.turn_start = e.context.len();
                 e.context.extend(&c.tokens);
@@ -217,7 +277,7 @@ pub fn rollout(
         // The environment answers every row that stopped on a stop string.
         for e in episodes.iter_mut().filter(|e| !e.done) {
             let turn_text = tokenizer.decode(&e.context[e.turn_start..], false)?;
-            match env.step(&kept[e.group], &turn_text)? {
+            match env.step_in_episode(&kept[e.group], &turn_text, &mut e.state)? {
                 EnvStep::Done => e.done = true,
                 EnvStep::Observation(_) if turn + 1 == cfg.max_turns => {
                     // Out of turns: the model wanted to go on.
@@ -231,6 +291,7 @@ pub fn rollout(
                     let room = cfg.max_total_tokens.saturating_sub(used);
                     let n = obs.len().min(room);
                     e.context.extend(&obs[..n]);
+                    e.versions.extend(std::iter::repeat_n(current_version, n));
                     e.loss_mask.extend(std::iter::repeat_n(0u8, n));
                     e.logprobs.extend(std::iter::repeat_n(0.0f32, n));
                     if n < obs.len() {
@@ -281,12 +342,22 @@ pub fn rollout(
                 (None, Vec::new(), Some(why))
             }
         };
+        // The oldest version among the model's tokens.
+        let oldest = e
+            .versions
+            .iter()
+            .zip(&e.loss_mask)
+            .filter(|(_, m)| **m == 1)
+            .map(|(v, _)| *v)
+            .min()
+            .unwrap_or(version);
         groups[e.group].trajectories.push(Trajectory {
             prompt_ids: e.context[..e.prompt_len].to_vec(),
             response_ids: e.context[e.prompt_len..].to_vec(),
             loss_mask: e.loss_mask,
             behaviour_logprobs: e.logprobs,
-            version,
+            version: oldest,
+            token_versions: e.versions,
             finish_reason: e.finish,
             truncated: e.truncated,
             reward,

@@ -115,6 +115,45 @@ impl Completion {
     }
 }
 
+/// New weights that reach a generation between two decode steps (interruptible generation).
+pub struct WeightUpdate {
+    /// Their policy version.
+    pub version: u64,
+    /// The weights (frozen, on the sampler's device).
+    pub model: Transformer,
+}
+
+/// What a generation does with its KV cache when new weights arrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvOnUpdate {
+    /// Keep the keys and values the old weights computed (cheap; later tokens attend to them).
+    #[default]
+    Keep,
+    /// Recompute them for every row's context with the new weights (one prefill).
+    Recompute,
+}
+
+/// Where an interruptible generation looks for new weights, and which version it starts with.
+pub struct Updates<'u> {
+    /// The version of the sampler's own weights.
+    pub version: u64,
+    /// What to do with the KV cache on an update.
+    pub kv: KvOnUpdate,
+    /// Called before every decode step; `Some` switches the generation to those weights.
+    pub poll: &'u mut dyn FnMut() -> Option<WeightUpdate>,
+}
+
+/// What an interruptible generation produced.
+pub struct Updated {
+    /// One completion per prompt.
+    pub completions: Vec<Completion>,
+    /// Per completion, the policy version that sampled each token.
+    pub versions: Vec<Vec<u64>>,
+    /// The newest weights it switched to, if any (later turns continue with them).
+    pub latest: Option<WeightUpdate>,
+}
+
 /// Batched generator over one model.
 pub struct Sampler<'a> {
     model: &'a Transformer,
@@ -132,6 +171,8 @@ struct Row {
     index: usize,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    /// The policy version that sampled each token.
+    versions: Vec<u64>,
     position: i64,
     /// Completion text decoded so far (only with stop strings).
     text: String,
@@ -179,11 +220,49 @@ impl<'a> Sampler<'a> {
         &self,
         prompts: &[Vec<u32>],
         cfg: &SamplingConfig,
-        mut on_token: impl FnMut(usize, u32),
+        on_token: impl FnMut(usize, u32),
     ) -> Result<Vec<Completion>> {
+        Ok(self.run(prompts, cfg, on_token, None)?.completions)
+    }
+
+    /// As [`Sampler::generate`], switching to new weights when `updates.poll` returns them
+    /// (checked before every decode step): the rows go on with the new weights, keeping or
+    /// recomputing their KV cache, and each token's log-prob μ and version are those of the
+    /// weights that sampled it.
+    ///
+    /// # Errors
+    /// As [`Sampler::generate`]; `cfg.rescore` cannot be combined with updates (one pass cannot
+    /// rescore tokens sampled by different weights).
+    pub fn generate_updating(
+        &self,
+        prompts: &[Vec<u32>],
+        cfg: &SamplingConfig,
+        updates: &mut Updates<'_>,
+    ) -> Result<Updated> {
+        if cfg.rescore {
+            return Err(RolloutError::Config(
+                "rescore cannot be combined with weight updates during generation: each token's \
+                 μ must come from the weights that sampled it"
+                    .into(),
+            ));
+        }
+        self.run(prompts, cfg, |_, _| {}, Some(updates))
+    }
+
+    fn run(
+        &self,
+        prompts: &[Vec<u32>],
+        cfg: &SamplingConfig,
+        mut on_token: impl FnMut(usize, u32),
+        mut updates: Option<&mut Updates<'_>>,
+    ) -> Result<Updated> {
         cfg.validate()?;
         if prompts.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Updated {
+                completions: Vec::new(),
+                versions: Vec::new(),
+                latest: None,
+            });
         }
         if let Some(i) = prompts.iter().position(Vec::is_empty) {
             return Err(RolloutError::Input(format!("prompt {i} is empty")));
@@ -209,32 +288,11 @@ impl<'a> Sampler<'a> {
                 })
             })
             .collect();
-        let (b, lp) = (
-            unique.len(),
-            prompts.iter().map(Vec::len).max().unwrap_or(0),
-        );
-        let mut ids = Vec::with_capacity(b * lp);
-        let mut mask = Vec::with_capacity(b * lp);
-        let mut pos = Vec::with_capacity(b * lp);
-        for p in &unique {
-            let pad = lp - p.len();
-            ids.extend(std::iter::repeat_n(self.pad_id as i64, pad));
-            ids.extend(p.iter().map(|&t| t as i64));
-            mask.extend(std::iter::repeat_n(0i64, pad).chain(std::iter::repeat_n(1, p.len())));
-            pos.extend(std::iter::repeat_n(0i64, pad).chain(0..p.len() as i64));
-        }
         let int2 = |v: Vec<i64>, r: usize, c: usize| {
             Tensor::<2, Int>::from_data(TensorData::new(v, [r, c]), &device)
         };
-        let padded = unique.iter().any(|p| p.len() < lp);
         // The first step's input; later backend steps take each row's last token.
-        let mut prompt_input = Some(ForwardInput {
-            input_ids: int2(ids, b, lp),
-            position_ids: int2(pos, b, lp),
-            attention_mask: padded.then(|| int2(mask, b, lp)),
-            segment_ids: None,
-            prefix_ids: None,
-        });
+        let mut prompt_input = Some(padded_input(&unique, self.pad_id, &device));
         let mut rows: Vec<Row> = prompts
             .iter()
             .enumerate()
@@ -242,11 +300,17 @@ impl<'a> Sampler<'a> {
                 index,
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
+                versions: Vec::new(),
                 position: p.len() as i64,
                 text: String::new(),
             })
             .collect();
         let mut done: Vec<Option<Completion>> = vec![None; prompts.len()];
+        let mut done_versions: Vec<Vec<u64>> = vec![Vec::new(); prompts.len()];
+        let mut version = updates.as_ref().map_or(0, |u| u.version);
+        // The weights switched to (with their host copies), once an update arrived.
+        let mut current: Option<(WeightUpdate, Option<HostWeights>)> = None;
+        let mut initial = true;
         let mut cache = KvCache::new();
         let temperature = if cfg.temperature > 0.0 {
             cfg.temperature
@@ -258,12 +322,39 @@ impl<'a> Sampler<'a> {
         // are prefilled; from then on `host_cache` holds the keys and values.
         let mut host_cache: Option<HostKvCache> = None;
         loop {
+            if prompt_input.is_none()
+                && let Some(u) = updates.as_mut()
+                && let Some(w) = (u.poll)()
+            {
+                let host = if HostWeights::suits(&device) {
+                    Some(HostWeights::new(&w.model).map_err(model_err)?)
+                } else {
+                    None
+                };
+                version = w.version;
+                if u.kv == KvOnUpdate::Recompute {
+                    // Every row's context so far, prefilled by the new weights; that step's
+                    // logits sample the next token.
+                    let ctx: Vec<Vec<u32>> = rows
+                        .iter()
+                        .map(|r| [&prompts[r.index][..], &r.tokens[..]].concat())
+                        .collect();
+                    prompt_input = Some(padded_input(&ctx, self.pad_id, &device));
+                    cache = KvCache::new();
+                    host_cache = None;
+                }
+                current = Some((w, host));
+            }
+            let model = current.as_ref().map_or(self.model, |(w, _)| &w.model);
             let n = rows.len();
             let prefill = prompt_input.is_some();
             let host = if prefill || n > DECODE_ROWS {
                 None
             } else {
-                self.host_weights()?
+                match &current {
+                    Some((_, h)) => h.as_ref(),
+                    None => self.host_weights()?,
+                }
             };
             let mut logits = match host {
                 Some(w) => {
@@ -284,8 +375,8 @@ impl<'a> Sampler<'a> {
                         segment_ids: None,
                         prefix_ids: None,
                     });
-                    let mut logits = self.model.forward_cached(&input, &mut cache);
-                    if prefill && unique.len() < prompts.len() {
+                    let mut logits = model.forward_cached(&input, &mut cache);
+                    if prefill && initial && unique.len() < prompts.len() {
                         cache.select_rows(&source);
                         let rows: Vec<i64> = source.iter().map(|&u| u as i64).collect();
                         let rows = Tensor::<1, Int>::from_data(
@@ -294,6 +385,7 @@ impl<'a> Sampler<'a> {
                         );
                         logits = logits.select(0, rows);
                     }
+                    initial = false;
                     let [n, l, v] = logits.dims();
                     logits
                         .narrow(1, l - 1, 1)
@@ -323,6 +415,7 @@ impl<'a> Sampler<'a> {
                 debug_assert!(token < vocab);
                 row.tokens.push(token as u32);
                 row.logprobs.push(logprob);
+                row.versions.push(version);
                 on_token(row.index, token as u32);
                 let token = token as u32;
                 let finish = if !cfg.ignore_eos && self.eos_ids.contains(&token) {
@@ -336,6 +429,7 @@ impl<'a> Sampler<'a> {
                 };
                 match finish {
                     Some(finish_reason) => {
+                        done_versions[row.index] = std::mem::take(&mut row.versions);
                         done[row.index] = Some(Completion {
                             tokens: std::mem::take(&mut row.tokens),
                             logprobs: std::mem::take(&mut row.logprobs),
@@ -368,7 +462,11 @@ impl<'a> Sampler<'a> {
         if cfg.rescore {
             self.rescore(prompts, &mut done, temperature)?;
         }
-        Ok(done)
+        Ok(Updated {
+            completions: done,
+            versions: done_versions,
+            latest: current.map(|(w, _)| w),
+        })
     }
 
     /// The host weight copies when the model is on a CPU device (made once per sampler).
@@ -525,6 +623,39 @@ fn sample(lp: &[f32], cfg: &SamplingConfig, u: f64) -> usize {
         }
     }
     idx[probs.len() - 1]
+}
+
+/// Sequences left-padded into one prefill input (positions from 0 at each sequence's first
+/// real token; an attention mask when their lengths differ).
+fn padded_input(
+    seqs: &[impl AsRef<[u32]>],
+    pad_id: u32,
+    device: &burn::tensor::Device,
+) -> ForwardInput {
+    let (b, lp) = (
+        seqs.len(),
+        seqs.iter().map(|s| s.as_ref().len()).max().unwrap_or(0),
+    );
+    let mut ids = Vec::with_capacity(b * lp);
+    let mut mask = Vec::with_capacity(b * lp);
+    let mut pos = Vec::with_capacity(b * lp);
+    for p in seqs {
+        let p = p.as_ref();
+        let pad = lp - p.len();
+        ids.extend(std::iter::repeat_n(pad_id as i64, pad));
+        ids.extend(p.iter().map(|&t| t as i64));
+        mask.extend(std::iter::repeat_n(0i64, pad).chain(std::iter::repeat_n(1, p.len())));
+        pos.extend(std::iter::repeat_n(0i64, pad).chain(0..p.len() as i64));
+    }
+    let int2 = |v: Vec<i64>| Tensor::<2, Int>::from_data(TensorData::new(v, [b, lp]), device);
+    let padded = seqs.iter().any(|p| p.as_ref().len() < lp);
+    ForwardInput {
+        input_ids: int2(ids),
+        position_ids: int2(pos),
+        attention_mask: padded.then(|| int2(mask)),
+        segment_ids: None,
+        prefix_ids: None,
+    }
 }
 
 #[cfg(test)]

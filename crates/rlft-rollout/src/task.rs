@@ -245,6 +245,7 @@ impl Task {
         Example {
             prompt,
             answer,
+            completion: None,
             metadata: meta,
         }
     }
@@ -339,6 +340,7 @@ impl crate::Reward for TaskVerifier {
         let ex = Example {
             prompt: Prompt::Text(x.prompt.clone()),
             answer: x.answer.clone(),
+            completion: None,
             metadata: x.metadata.clone(),
         };
         Ok(f64::from(u8::from(self.0.is_correct(&ex, &x.completion))))

@@ -6,8 +6,8 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use rlft_algo::logprobs_from_logits;
 use rlft_model::{ForwardInput, Pretrained};
 use rlft_rollout::{
-    EnvStep, Environment, Example, FinishReason, Prompt, RewardSet, RolloutConfig, Sampler,
-    SamplingConfig, rollout,
+    EnvStep, Environment, Example, FinishReason, KvOnUpdate, LearnerBatch, Prompt, RewardSet,
+    RolloutConfig, Sampler, SamplingConfig, Updates, WeightUpdate, rollout,
 };
 use std::path::{Path, PathBuf};
 
@@ -257,6 +257,7 @@ fn observations_stay_out_of_the_loss_mask() {
         Example {
             prompt: Prompt::Text("Hello".into()),
             answer: "1".into(),
+            completion: None,
             metadata: serde_json::Value::Null,
         },
         Example {
@@ -264,6 +265,7 @@ fn observations_stay_out_of_the_loss_mask() {
                 "a very long prompt that has far more than eight tokens in it".into(),
             ),
             answer: "1".into(),
+            completion: None,
             metadata: serde_json::Value::Null,
         },
     ];
@@ -305,5 +307,93 @@ fn observations_stay_out_of_the_loss_mask() {
         assert!(t.truncated, "ran out of turns");
         assert_eq!(t.reward, Some(0.0), "an empty reward set scores 0");
         assert_eq!(t.generated_len(), 3);
+    }
+}
+
+/// Interruptible generation: new weights handed over before the third decode step are used from
+/// the fourth token on; every token records the version that sampled it, and its μ is that
+/// version's probability — exactly the learner's (to f32 rounding) when the KV cache is
+/// recomputed. With no update, the generation is the plain one.
+#[test]
+fn interruptible_generation_switches_weights_between_decode_steps() {
+    let (p, device) = load();
+    let other = p.config.init_seeded(&device, 7);
+    let s = Sampler::new(&p.model, Some(&p.tokenizer));
+    let prompts = prompts(&p);
+    let cfg = SamplingConfig::new()
+        .with_max_new_tokens(8)
+        .with_ignore_eos(true)
+        .with_seed(3);
+    let plain = s.generate(&prompts, &cfg).unwrap();
+    let mut never = || None;
+    let mut u = Updates {
+        version: 1,
+        kv: KvOnUpdate::Keep,
+        poll: &mut never,
+    };
+    let same = s.generate_updating(&prompts, &cfg, &mut u).unwrap();
+    assert_eq!(same.completions, plain);
+    assert!(same.versions.iter().flatten().all(|&v| v == 1));
+    assert!(same.latest.is_none());
+    // μ of `tokens[range]` under `model`, recomputed in the learner's layout.
+    let learner = |model: &rlft_model::Transformer, out: &[rlft_rollout::Completion]| {
+        let rows: Vec<Vec<u32>> = prompts
+            .iter()
+            .zip(out)
+            .map(|(pr, c)| [&pr[..], &c.tokens[..]].concat())
+            .collect();
+        let rows: Vec<(&[u32], usize)> = rows
+            .iter()
+            .zip(&prompts)
+            .map(|(r, pr)| (&r[..], pr.len()))
+            .collect();
+        let batch = LearnerBatch::new(&rows, 0, &device);
+        let lp = batch
+            .logprobs(model, Some(1.0))
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        (0..out.len())
+            .map(|i| batch.unpack(&lp, i, out[i].tokens.len()))
+            .collect::<Vec<_>>()
+    };
+    for kv in [KvOnUpdate::Recompute, KvOnUpdate::Keep] {
+        let mut calls = 0;
+        let mut poll = || {
+            calls += 1;
+            (calls == 3).then(|| WeightUpdate {
+                version: 2,
+                model: other.clone(),
+            })
+        };
+        let mut u = Updates {
+            version: 1,
+            kv,
+            poll: &mut poll,
+        };
+        let got = s.generate_updating(&prompts, &cfg, &mut u).unwrap();
+        assert_eq!(got.latest.as_ref().map(|w| w.version), Some(2));
+        for (c, v) in got.completions.iter().zip(&got.versions) {
+            assert_eq!(v, &[1, 1, 1, 2, 2, 2, 2, 2], "{kv:?}");
+            assert_eq!(c.tokens.len(), 8);
+        }
+        // Before the update: the plain generation's tokens and the old weights' μ.
+        let old = learner(&p.model, &got.completions);
+        let new = learner(&other, &got.completions);
+        for (i, c) in got.completions.iter().enumerate() {
+            assert_eq!(c.tokens[..3], plain[i].tokens[..3], "{kv:?}");
+            for (j, (a, b)) in c.logprobs.iter().zip(&old[i]).take(3).enumerate() {
+                assert!((a - b).abs() < 1e-4, "{kv:?} row {i} token {j}");
+            }
+            if kv == KvOnUpdate::Recompute {
+                for (j, (a, b)) in c.logprobs.iter().zip(&new[i]).enumerate().skip(3) {
+                    assert!(
+                        (a - b).abs() < 1e-4,
+                        "row {i} token {j}: μ {a} vs the new weights' {b}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -153,13 +153,18 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
     })
 }
 
-/// What a downstream trainer adds to a recipe: its own losses and reward terms.
+/// What a downstream trainer adds to a recipe: its own losses, reward terms, environment and
+/// evaluation set.
 #[derive(Clone)]
 pub struct Extensions {
     /// The loss registry (built-ins plus anything registered); `algorithm.loss` is looked up here.
     pub registry: LossRegistry,
-    /// Extra weighted reward terms added to the task's verifier.
+    /// Extra weighted reward terms added to the task's verifier or the recipe's terms.
     pub rewards: Vec<(f64, Arc<dyn rlft_rollout::Reward>)>,
+    /// The environment, instead of the recipe's (`[[tool]]`s, the task's, or single-turn).
+    pub environment: Option<Arc<dyn rlft_rollout::Environment>>,
+    /// The evaluation problems, instead of `data.eval` or the task's test split.
+    pub eval_set: Option<Vec<rlft_rollout::Example>>,
 }
 
 impl Default for Extensions {
@@ -167,6 +172,8 @@ impl Default for Extensions {
         Self {
             registry: LossRegistry::with_builtins(),
             rewards: Vec::new(),
+            environment: None,
+            eval_set: None,
         }
     }
 }

@@ -31,6 +31,10 @@ pub struct TrainerState {
     /// The adaptive KL controller's current β (absent without one, or before its first step).
     #[serde(default)]
     pub kl_coef: Option<f64>,
+    /// Prompts issued to batches not yet consumed, and staleness counters
+    /// ([`crate::pipeline`]).
+    #[serde(default)]
+    pub pipeline: crate::pipeline::PipelineState,
 }
 
 impl TrainerState {
@@ -396,6 +400,7 @@ mod tests {
             sft_step: 0,
             recipe: String::new(),
             kl_coef: None,
+            pipeline: Default::default(),
         }
     }
 

@@ -9,20 +9,30 @@
 
 pub mod algorithm;
 pub mod checkpoint;
+pub mod collect;
 pub mod correction;
+mod eval;
+pub mod events;
 pub mod fault;
+mod feed;
 pub mod launch;
 mod learn;
 pub mod metrics;
 pub mod offpolicy;
 pub mod optim;
+pub mod pipeline;
 pub mod plot;
+mod prepare;
 pub mod recipe;
 #[cfg(test)]
 mod recipe_fuzz;
 pub mod run;
+pub mod sim;
+mod sources;
 pub mod staleness;
+pub mod tensorboard;
 pub mod trainer;
+pub mod workers;
 
 pub use algorithm::Extensions;
 pub use learn::clip_grads;

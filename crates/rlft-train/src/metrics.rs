@@ -16,6 +16,8 @@ pub struct MetricsLog {
     pub history: Vec<StepMetrics>,
     /// Torn last lines dropped when the file was reopened (0 or 1).
     pub torn_lines: usize,
+    /// TensorBoard event file every line also goes to.
+    tensorboard: Option<crate::tensorboard::EventWriter>,
 }
 
 impl MetricsLog {
@@ -71,7 +73,20 @@ impl MetricsLog {
             path: path.into(),
             history,
             torn_lines,
+            tensorboard: None,
         })
+    }
+
+    /// From now on every line also goes to a new TensorBoard event file in `run`
+    /// ([`crate::tensorboard::EventWriter::open`], with the same `keep_until` as
+    /// [`MetricsLog::open`]).
+    pub fn with_tensorboard(mut self, run: &Path, keep_until: Option<usize>) -> Result<Self> {
+        self.tensorboard = Some(crate::tensorboard::EventWriter::open(
+            run,
+            keep_until,
+            &self.history,
+        )?);
+        Ok(self)
     }
 
     /// Appends one line (flushed).
@@ -81,40 +96,48 @@ impl MetricsLog {
             .open(&self.path)
             .map_err(io_err(&self.path))?;
         writeln!(f, "{}", serde_json::to_string(&m)?).map_err(io_err(&self.path))?;
+        if let Some(tb) = &mut self.tensorboard {
+            tb.write(&m)?;
+        }
         self.history.push(m);
         Ok(())
     }
 
     /// A table of the main metrics: first value, last value, best.
     pub fn summary(&self) -> String {
-        let keys = [
-            "eval/accuracy",
-            "eval/mean_at_k",
-            "reward/mean",
-            "accuracy",
-            "kl",
-            "entropy",
-            "response_len/mean",
-            "clip_frac/high",
-            "tokens_per_s",
-        ];
         let mut out = format!(
             "{:<20} {:>10} {:>10} {:>10}\n",
             "metric", "first", "last", "max"
         );
-        for k in keys {
-            let vals: Vec<f64> = self
-                .history
-                .iter()
-                .filter_map(|m| m.get(k)?.as_f64())
-                .collect();
-            if let (Some(first), Some(last)) = (vals.first(), vals.last()) {
-                let max = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                out.push_str(&format!("{k:<20} {first:>10.4} {last:>10.4} {max:>10.4}\n"));
-            }
+        for (k, first, last, max) in summary_rows(&self.history) {
+            out.push_str(&format!("{k:<20} {first:>10.4} {last:>10.4} {max:>10.4}\n"));
         }
         out
     }
+}
+
+/// The main metrics of a run, `(key, first, last, max)`, for those it has.
+pub fn summary_rows(history: &[StepMetrics]) -> Vec<(&'static str, f64, f64, f64)> {
+    const KEYS: [&str; 11] = [
+        "eval/accuracy",
+        "eval/mean_at_k",
+        "reward/mean",
+        "accuracy",
+        "kl",
+        "entropy",
+        "response_len/mean",
+        "clip_frac/high",
+        "staleness/mean",
+        "offpolicy/kl",
+        "tokens_per_s",
+    ];
+    KEYS.into_iter()
+        .filter_map(|k| {
+            let vals: Vec<f64> = history.iter().filter_map(|m| m.get(k)?.as_f64()).collect();
+            let max = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            Some((k, *vals.first()?, *vals.last()?, max))
+        })
+        .collect()
 }
 
 /// Reads a metrics file into `(step, metrics)` pairs.

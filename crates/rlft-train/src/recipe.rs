@@ -8,9 +8,11 @@ use crate::{Result, TrainError};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+mod data;
 mod keys;
 mod validate;
 
+pub use data::{DataSection, RewardKind, RewardTerm, ToolKind, ToolSpec, correctness_term};
 pub use keys::RESUMABLE_KEYS;
 use keys::{flatten, lowercase_keys_checked, resumable, toml_value};
 
@@ -47,6 +49,13 @@ pub struct Recipe {
     /// `[async]`: how stale the samples are ([`crate::staleness`]).
     #[serde(rename = "async")]
     pub asynchrony: AsyncSection,
+    /// Your own train, eval and warm-up files.
+    pub data: DataSection,
+    /// `[[reward]]` terms; when given they replace the task's verifier.
+    pub reward: Vec<RewardTerm>,
+    /// `[[tool]]`s the model may call; when given they make the environment (multi-turn up to
+    /// `rollout.max_turns`).
+    pub tool: Vec<ToolSpec>,
 }
 
 impl Default for Recipe {
@@ -66,6 +75,9 @@ impl Default for Recipe {
             eval: EvalSection::default(),
             logging: LoggingSection::default(),
             asynchrony: AsyncSection::default(),
+            data: DataSection::default(),
+            reward: Vec::new(),
+            tool: Vec::new(),
         }
     }
 }
@@ -148,9 +160,10 @@ pub struct TaskSection {
     pub ops: Vec<String>,
     /// Chat-formatted prompts (needs a chat template).
     pub chat: bool,
-    /// A JSONL dataset instead of the built-in generator (answers checked by the task verifier
-    /// named in `name`; `arithmetic` takes the last number).
-    pub dataset: String,
+    /// Removed: give your file as `data.train` with `[[reward]]` terms. Kept so that runs
+    /// stored with an empty value still resume; any other value is a recipe error.
+    #[doc(hidden)]
+    pub dataset: Option<String>,
 }
 
 impl Default for TaskSection {
@@ -160,7 +173,7 @@ impl Default for TaskSection {
             difficulty: 1,
             ops: vec!["+".into(), "-".into(), "*".into()],
             chat: false,
-            dataset: String::new(),
+            dataset: None,
         }
     }
 }
@@ -189,6 +202,8 @@ pub struct RolloutSection {
     pub top_p: f64,
     /// Min-p (0 = off).
     pub min_p: f64,
+    /// Async mode: the rollout workers' device (`cpu`, `cuda:1`, …; default the learner's).
+    pub device: Option<String>,
 }
 
 impl Default for RolloutSection {
@@ -204,6 +219,7 @@ impl Default for RolloutSection {
             top_k: 0,
             top_p: 1.0,
             min_p: 0.0,
+            device: None,
         }
     }
 }
@@ -520,11 +536,16 @@ impl Default for EvalSection {
 pub struct LoggingSection {
     /// Show the progress bar.
     pub progress: bool,
+    /// Also write TensorBoard event files to `output_dir/tensorboard/`.
+    pub tensorboard: bool,
 }
 
 impl Default for LoggingSection {
     fn default() -> Self {
-        Self { progress: true }
+        Self {
+            progress: true,
+            tensorboard: false,
+        }
     }
 }
 

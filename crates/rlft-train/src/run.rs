@@ -5,13 +5,14 @@
 //! crash test kills at).
 
 use crate::checkpoint::{self, TrainerState};
+use crate::events::{EVENTS_FILE, Timeline};
 use crate::learn::clip_grads;
 use crate::metrics::{MetricsLog, StepMetrics};
 use crate::trainer::{MAX_BAD_STEPS_IN_ROW, Row, Trainer, adamw, unit_hash};
 use crate::{Result, TrainError};
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
-use rlft_rollout::{DataLoader, Split};
+use rlft_rollout::Split;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,14 +105,14 @@ impl Trainer {
                 snapshots.restore(v, m);
             }
         }
-        self.loader = DataLoader::new(self.train_set.len(), self.recipe.seed, state.cursor)?;
+        self.inline = Some(self.admission(state.cursor, state.step, state.pipeline.clone())?);
         self.state = state;
         self.resumed = true;
         Ok(())
     }
 
     fn save_checkpoint(&mut self) -> Result<PathBuf> {
-        self.state.cursor = self.loader.cursor();
+        (self.state.pipeline, self.state.cursor) = self.feed_state();
         let policy = self.policy().clone();
         let optim = match (&self.sft_optim, self.state.sft_done) {
             (Some(o), false) => o,
@@ -154,7 +155,8 @@ impl Trainer {
         )
     }
 
-    /// Supervised warm-up on the task's reference completions (`sft.steps` steps), logged to
+    /// Supervised warm-up on `data.sft`'s demonstrations or the task's reference completions
+    /// (`sft.steps` steps), logged to
     /// `output_dir/sft_metrics.jsonl`, checkpointed every `checkpoint.every` steps. Returns
     /// whether it ran to its end (false: stopped by `stop`, after a checkpoint).
     fn sft(&mut self, stop: Option<&Arc<AtomicBool>>) -> Result<bool> {
@@ -182,15 +184,29 @@ impl Trainer {
             let start = Instant::now();
             let mut rows = Vec::with_capacity(s.batch_size);
             for i in 0..s.batch_size {
-                let index = 1_000_000 + (step * s.batch_size + i) as u64;
-                let mut ex = self.task.example(Split::Train, index);
-                if unit_hash(self.recipe.seed, index) < s.teacher_error {
-                    ex = self.task.off_by_one(ex);
-                }
+                let n = step * s.batch_size + i;
+                // `data.sft`'s demonstrations in file order, cycling; else the task's reference
+                // completions (observation turns masked out).
+                let (ex, turns) = match &self.sft_set {
+                    Some(set) => {
+                        let ex = set.examples[n % set.len()].clone();
+                        let text = ex.completion.clone().unwrap_or_default();
+                        (ex, vec![(text, false)])
+                    }
+                    None => {
+                        let index = 1_000_000 + n as u64;
+                        let mut ex = self.task.example(Split::Train, index);
+                        if unit_hash(self.recipe.seed, index) < s.teacher_error {
+                            ex = self.task.off_by_one(ex);
+                        }
+                        let turns = self.task.reference_turns(&ex);
+                        (ex, turns)
+                    }
+                };
                 let prompt = self.tokenizer.encode(&ex.prompt.render(&self.tokenizer)?)?;
                 let mut resp = Vec::new();
                 let mut mask = Vec::new();
-                for (text, obs) in self.task.reference_turns(&ex) {
+                for (text, obs) in turns {
                     let ids = self.tokenizer.encode(&text)?;
                     mask.extend(std::iter::repeat_n(if obs { 0.0 } else { 1.0 }, ids.len()));
                     resp.extend(ids);
@@ -265,6 +281,13 @@ impl Trainer {
         // A run resumed from a warm-up checkpoint starts its RL log afresh.
         let keep = (self.resumed && warmed_up).then_some(self.state.step);
         let mut log = MetricsLog::open(&out.join("metrics.jsonl"), keep)?;
+        if self.recipe.logging.tensorboard {
+            log = log.with_tensorboard(&out, keep)?;
+        }
+        self.timeline = Arc::new(Timeline::open(
+            Some(&out.join(EVENTS_FILE)),
+            keep.is_some(),
+        )?);
         if log.torn_lines > 0 {
             eprintln!(
                 "note: {}: dropped a torn last line (a write cut short); the steps after the \
@@ -288,11 +311,9 @@ impl Trainer {
             indicatif::ProgressBar::hidden()
         };
         if self.state.step == 0 && log.history.is_empty() {
-            let (acc, mean_k) = self.evaluate(0)?;
             let mut m = StepMetrics::new();
             m.insert("step".into(), json!(0));
-            m.insert("eval/accuracy".into(), json!(acc));
-            m.insert("eval/mean_at_k".into(), json!(mean_k));
+            m.extend(self.evaluate(0)?);
             log.write(m)?;
             // The warm-up's end is a checkpoint (its line 0 written first, so that a resume
             // from it keeps that line).
@@ -313,9 +334,7 @@ impl Trainer {
             crate::fault::point(|| format!("update:{step}"));
             let eval_every = self.recipe.eval.every;
             if step == steps || (eval_every > 0 && step.is_multiple_of(eval_every)) {
-                let (acc, mean_k) = self.evaluate(step)?;
-                m.insert("eval/accuracy".into(), json!(acc));
-                m.insert("eval/mean_at_k".into(), json!(mean_k));
+                m.extend(self.evaluate(step)?);
             }
             bar.set_message(format!(
                 "reward {:.3} kl {:.4} {:.0} tok/s",
@@ -325,6 +344,7 @@ impl Trainer {
             ));
             bar.set_position(step as u64);
             log.write(m)?;
+            self.timeline.flush()?;
             let every = self.recipe.checkpoint.every;
             let stopping = stopping(stop.as_ref());
             if self.state.bad_in_row >= MAX_BAD_STEPS_IN_ROW {
@@ -347,6 +367,8 @@ impl Trainer {
             }
         }
         bar.finish_and_clear();
+        self.stop_workers()?;
+        self.timeline.flush()?;
         let exported = if self.recipe.checkpoint.export_final && !interrupted {
             let dir = out.join("final");
             self.policy()

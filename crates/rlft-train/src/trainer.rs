@@ -1,35 +1,35 @@
-//! The synchronous RL loop.
+//! The trainer: setup from a recipe, and one RL step through the stages.
 //!
-//! Per step: sample prompts → G rollouts each (policy version = step) → rewards (+ DAPO overlong
-//! shaping) → DAPO dynamic sampling → π_old log-probs where the correction mode needs them
-//! ([`crate::correction`]; μ is kept either way) → reference log-probs → advantages → the
-//! decoupled correction against μ → `ppo_epochs` × `mini_batches` optimiser steps, each
-//! accumulating micro-batch gradients under global token normalisation (bypass corrects each
-//! micro-batch) → metrics, eval, checkpoint. Every random choice is a function of
-//! `(seed, step)`, so a resumed run repeats an uninterrupted one exactly.
+//! A step takes its batch from the feed ([`crate::feed`]: collected inline by
+//! [`crate::collect`] in sync and lagged modes, or by the rollout workers of
+//! [`crate::workers`] in async mode, under [`crate::pipeline`]'s staleness bound), shapes the
+//! rewards (DAPO overlong penalty and filter), prepares the rows on the learner
+//! ([`crate::prepare`]: π_old where the correction mode needs it, reference log-probs, values,
+//! advantages, the decoupled correction against μ), runs `ppo_epochs` × `mini_batches`
+//! optimiser steps ([`crate::learn`]), publishes the new weights to the rollout workers and
+//! reports its metrics. [`crate::run`] adds the warm-up, evaluation ([`crate::eval`]) and
+//! checkpoints. Every random choice is a function of `(seed, step)`, so a resumed run repeats
+//! an uninterrupted one exactly (in async mode, with η = 0).
 
 use crate::algorithm::{Extensions, ResolvedAlgorithm, resolve_algorithm};
 use crate::checkpoint::{self, TrainerState};
-use crate::correction::CorrectionMode;
-use crate::learn::{aligned, t2};
+use crate::collect::{Collected, RolloutSide};
+use crate::events::{EventKind, Timeline};
 use crate::metrics::StepMetrics;
 use crate::offpolicy::StepDiagnostics;
 use crate::optim::FusedAdamWConfig;
+use crate::pipeline::{Admission, PipelineState};
 use crate::recipe::{KlPlacement, Recipe};
+use crate::sources::Sources;
 use crate::staleness::{AsyncMode, Snapshots, staleness_metrics};
-use crate::{Result, TrainError, host, io_err};
-use burn::module::Module;
+use crate::workers::Workers;
+use crate::{Result, TrainError, io_err};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device};
-use rlft_algo::advantage::AdvantageInput;
-use rlft_algo::kl::{KlEstimator, kl_penalty};
 use rlft_algo::loss::LossRegistry;
 use rlft_algo::shaping::OverlongPenalty;
 use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
-use rlft_rollout::{
-    DataCursor, DataLoader, Dataset, Environment, Example, Group, RewardSet, RolloutConfig,
-    SamplingConfig, Split, Task, TaskKind, Trajectory, rollout,
-};
+use rlft_rollout::{DataCursor, Dataset, Example, Task, TaskKind, Trajectory};
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
@@ -50,25 +50,6 @@ pub const LOGITS_CHUNK_BYTES: usize = 1 << 30;
 /// Skipped (NaN/Inf) steps in a row that stop the run.
 pub const MAX_BAD_STEPS_IN_ROW: usize = 3;
 
-/// What one step's rollouts produced.
-#[derive(Default)]
-struct Collected {
-    groups: Vec<Group>,
-    /// Zero-spread groups dropped by dynamic sampling.
-    filtered: usize,
-    /// Trajectories whose reward failed.
-    failed: usize,
-    /// Of those, rewards past their deadline.
-    timeouts: usize,
-    /// Prompts skipped: empty, or longer than `rollout.max_prompt_len`.
-    skipped_prompts: usize,
-    /// Generated tokens.
-    tokens: usize,
-    generate_secs: f64,
-    /// Reward scoring.
-    score_secs: f64,
-}
-
 /// One trajectory prepared for the learner (host vectors over its response tokens).
 pub(crate) struct Row {
     pub(crate) ids: Vec<i64>,
@@ -87,7 +68,7 @@ pub(crate) struct Row {
 }
 
 impl Row {
-    fn resp_len(&self) -> usize {
+    pub(crate) fn resp_len(&self) -> usize {
         self.mask.len()
     }
 
@@ -125,11 +106,22 @@ pub struct Trainer {
     pub(crate) optim: ModuleOptimizer,
     pub(crate) critic_optim: Option<ModuleOptimizer>,
     pub(crate) task: Task,
-    pub(crate) env: Arc<dyn Environment>,
-    pub(crate) rewards: RewardSet,
-    pub(crate) train_set: Dataset,
+    pub(crate) train_set: Arc<Dataset>,
     pub(crate) eval_set: Vec<Example>,
-    pub(crate) loader: DataLoader,
+    /// `data.sft`: the warm-up's demonstrations (else the task's reference completions).
+    pub(crate) sft_set: Option<Dataset>,
+    /// The rollout stage's settings and data (shared with rollout workers).
+    pub(crate) side: RolloutSide,
+    /// Admission and the data order while batches are collected inline.
+    pub(crate) inline: Option<Admission>,
+    /// Async mode: the rollout workers, once the first RL step started them.
+    pub(crate) workers: Option<Workers>,
+    /// The run's timeline (`events.jsonl`).
+    pub(crate) timeline: Arc<Timeline>,
+    /// `async.learner_threads`: the learner's compute pool.
+    pub(crate) learner_pool: Option<Arc<rayon::ThreadPool>>,
+    /// When the last RL step ended (timeline seconds), for the async fractions.
+    pub(crate) last_step_end: Option<f64>,
     pub(crate) algo: ResolvedAlgorithm,
     pub(crate) registry: LossRegistry,
     pub(crate) state: TrainerState,
@@ -266,14 +258,26 @@ impl Trainer {
                 "task.chat = true but the model has no chat template".into(),
             ));
         }
-        let train_set = if recipe.task.dataset.is_empty() {
-            Dataset {
-                examples: task.examples(Split::Train, 4096),
-            }
-        } else {
-            Dataset::from_jsonl(Path::new(&recipe.task.dataset))?
-        };
-        let eval_set = task.examples(Split::Test, recipe.eval.size);
+        let mut sources = Sources::load(&recipe, &task, &tokenizer)?;
+        if let Some(env) = &ext.environment {
+            sources.env = env.clone();
+        }
+        if let Some(eval) = &ext.eval_set {
+            sources.eval = eval.clone();
+        }
+        let (rewards, correctness) = crate::sources::rewards(&recipe, &task, &ext.rewards)?;
+        let learner_pool = recipe
+            .asynchrony
+            .learner_threads
+            .map(|n| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|k| format!("rlft-learner-{k}"))
+                    .build()
+                    .map(Arc::new)
+            })
+            .transpose()
+            .map_err(|e| TrainError::Usage(format!("learner compute threads: {e}")))?;
         // Created once everything it describes has loaded: bad input leaves nothing behind.
         let out = &recipe.output_dir;
         std::fs::create_dir_all(out).map_err(io_err(out))?;
@@ -286,14 +290,24 @@ impl Trainer {
             sft_step: 0,
             recipe: stored,
             kl_coef: None,
+            pipeline: Default::default(),
         };
+        let train_set = sources.train.clone();
+        let mut side = RolloutSide::new(
+            &recipe,
+            tokenizer.clone(),
+            sources.env.clone(),
+            rewards,
+            train_set.clone(),
+        );
+        side.correctness = correctness;
         let mut trainer = Self {
-            env: task.environment(),
-            rewards: ext
-                .rewards
-                .iter()
-                .fold(task.rewards(), |set, (w, r)| set.with_arc(*w, r.clone())),
-            loader: DataLoader::new(train_set.len(), recipe.seed, DataCursor::default())?,
+            side,
+            inline: None,
+            workers: None,
+            timeline: Arc::new(Timeline::open(None, false)?),
+            learner_pool,
+            last_step_end: None,
             optim: adamw(&recipe.optimizer),
             critic_optim: recipe.model.critic.then(|| adamw(&recipe.optimizer)),
             registry: ext.registry,
@@ -307,13 +321,16 @@ impl Trainer {
             config,
             task,
             train_set,
-            eval_set,
+            eval_set: sources.eval,
+            sft_set: sources.sft,
             algo,
             state: state.clone(),
             sft_optim: None,
             resumed: false,
             snapshots: None,
         };
+        trainer.inline =
+            Some(trainer.admission(DataCursor::default(), 0, PipelineState::default())?);
         if trainer.recipe.asynchrony.mode == AsyncMode::Lagged {
             let lag = trainer
                 .recipe
@@ -350,55 +367,6 @@ impl Trainer {
         self.recipe.schedule.lr(self.recipe.optimizer.lr, step)
     }
 
-    fn sampling(&self) -> SamplingConfig {
-        let r = &self.recipe.rollout;
-        SamplingConfig::new()
-            .with_temperature(r.temperature)
-            .with_top_k(r.top_k)
-            .with_top_p(r.top_p)
-            .with_min_p(r.min_p)
-            .with_max_new_tokens(r.max_new_tokens)
-    }
-
-    fn rollout_config(&self, group_size: usize, sampling: SamplingConfig) -> RolloutConfig {
-        let r = &self.recipe.rollout;
-        RolloutConfig::new(sampling)
-            .with_group_size(group_size)
-            .with_max_prompt_len(r.max_prompt_len)
-            .with_max_turns(r.max_turns)
-            .with_max_total_tokens(r.max_total_tokens)
-    }
-
-    /// Held-out greedy pass@1 and mean accuracy over `k` samples.
-    pub(crate) fn evaluate(&self, step: usize) -> Result<(f64, f64)> {
-        let model = self.policy().valid();
-        let run = |group: usize, sampling: SamplingConfig| -> Result<f64> {
-            let mut correct = 0.0;
-            let mut n = 0.0;
-            for chunk in self.eval_set.chunks(32) {
-                let cfg = self.rollout_config(group, sampling.clone());
-                let b = rollout(
-                    &model,
-                    &self.tokenizer,
-                    chunk,
-                    self.env.as_ref(),
-                    &self.rewards,
-                    &cfg,
-                    step as u64,
-                    self.recipe.seed ^ 0xE7A1 ^ (step as u64) << 20,
-                )?;
-                for t in b.groups.iter().flat_map(|g| &g.trajectories) {
-                    n += 1.0;
-                    correct += is_correct(t);
-                }
-            }
-            Ok(if n > 0.0 { correct / n } else { 0.0 })
-        };
-        let greedy = run(1, self.sampling().with_temperature(0.0))?;
-        let mean_k = run(self.recipe.eval.k.max(1), self.sampling())?;
-        Ok((greedy, mean_k))
-    }
-
     /// Runs one RL step — rollouts, rewards, advantages, the update — without evaluation,
     /// checkpointing or the SFT warm-up, and returns its metrics (the `metrics.jsonl` keys but
     /// `eval/*`). For trainers that drive the loop themselves; [`Trainer::run`] is the whole run.
@@ -409,82 +377,31 @@ impl Trainer {
         Ok(m)
     }
 
-    /// Collects one batch of groups: with dynamic sampling, zero-spread groups are dropped and
-    /// more prompts are sampled, up to `max_gen_batches` rounds.
-    fn collect(&mut self, step: usize) -> Result<Collected> {
-        let r = self.recipe.rollout.clone();
-        let a = self.recipe.algorithm.clone();
-        // The weights that sample this step: the current ones, or in lagged mode those of
-        // `async.lag` versions ago.
-        let current = self.policy().valid();
-        let (version, model) = match self.snapshots.as_mut() {
-            Some(s) => {
-                let (v, m) = s.sample_with(step as u64, current);
-                (v, m.clone())
-            }
-            None => (step as u64, current),
-        };
-        let cfg = self.rollout_config(r.group_size, self.sampling());
-        let mut c = Collected::default();
-        let rounds = if a.dynamic_sampling {
-            a.max_gen_batches
-        } else {
-            1
-        };
-        for round in 0..rounds {
-            let need = r.prompts_per_step - c.groups.len();
-            let idx = self.loader.next_indices(need);
-            let examples: Vec<Example> = idx
-                .iter()
-                .map(|&i| self.train_set.examples[i].clone())
-                .collect();
-            let seed =
-                self.recipe.seed.wrapping_mul(0x100_0000_01b3) ^ (step as u64) << 16 ^ round as u64;
-            let b = rollout(
-                &model,
-                &self.tokenizer,
-                &examples,
-                self.env.as_ref(),
-                &self.rewards,
-                &cfg,
-                version,
-                seed,
-            )?;
-            c.failed += b.failed_rewards;
-            c.timeouts += b.timed_out_rewards;
-            c.skipped_prompts += b.skipped_prompts;
-            c.tokens += b.generated_tokens;
-            c.generate_secs += b.generate_seconds;
-            c.score_secs += b.score_seconds;
-            for g in b.groups {
-                let rewards = g.rewards();
-                let spread = rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max)
-                    - rewards.iter().copied().fold(f64::INFINITY, f64::min);
-                if a.dynamic_sampling && (spread.is_nan() || spread <= 1e-9) {
-                    c.filtered += 1;
-                } else {
-                    c.groups.push(g);
-                }
-            }
-            if c.groups.len() >= r.prompts_per_step {
-                break;
-            }
+    /// Step `step` on the learner's compute pool (`async.learner_threads`), else the shared one.
+    pub(crate) fn step(&mut self, step: usize) -> Result<StepMetrics> {
+        match self.learner_pool.clone() {
+            Some(pool) => pool.install(|| self.step_here(step)),
+            None => self.step_here(step),
         }
-        Ok(c)
     }
 
-    pub(crate) fn step(&mut self, step: usize) -> Result<StepMetrics> {
+    fn step_here(&mut self, step: usize) -> Result<StepMetrics> {
         let t0 = Instant::now();
-        let Collected {
-            groups,
-            filtered,
-            failed,
-            timeouts,
-            skipped_prompts,
-            tokens: gen_tokens,
-            generate_secs: gen_secs,
-            score_secs,
-        } = self.collect(step)?;
+        let interval_start = self.last_step_end.unwrap_or(0.0);
+        let (
+            Collected {
+                groups,
+                filtered,
+                failed,
+                timeouts,
+                skipped_prompts,
+                tokens: gen_tokens,
+                generate_secs: gen_secs,
+                score_secs,
+                ..
+            },
+            feed,
+        ) = self.next_batch(step)?;
         crate::fault::point(|| format!("rollout:{step}"));
         let a = self.recipe.algorithm.clone();
         let r = self.recipe.rollout.clone();
@@ -495,14 +412,22 @@ impl Trainer {
         // Each group's oldest policy version, for the staleness metrics.
         let oldest: Vec<u64> = groups
             .iter()
-            .map(|g| {
-                g.trajectories
-                    .iter()
-                    .map(|t| t.version)
-                    .min()
-                    .unwrap_or(step as u64)
-            })
+            .map(|g| g.oldest_version().unwrap_or(step as u64))
             .collect();
+        // Max − min policy version within each group, mean over groups.
+        let version_spread = groups
+            .iter()
+            .map(|g| {
+                let v = g.trajectories.iter().flat_map(|t| {
+                    t.token_versions
+                        .iter()
+                        .copied()
+                        .chain(std::iter::once(t.version))
+                });
+                (v.clone().max().unwrap_or(0) - v.min().unwrap_or(0)) as f64
+            })
+            .sum::<f64>()
+            / groups.len().max(1) as f64;
         let beta = self.beta();
         if a.kl_placement == KlPlacement::Loss {
             self.algo.config.kl_coef = beta;
@@ -516,7 +441,11 @@ impl Trainer {
         let acc = if trajs.is_empty() {
             0.0
         } else {
-            trajs.iter().map(|t| is_correct(t)).sum::<f64>() / trajs.len() as f64
+            trajs
+                .iter()
+                .map(|t| is_correct(t, &self.side.correctness))
+                .sum::<f64>()
+                / trajs.len() as f64
         };
         let lens: Vec<f64> = trajs.iter().map(|t| t.generated_len() as f64).collect();
         let overlong = (a.overlong_cache_len > 0)
@@ -563,6 +492,19 @@ impl Trainer {
         let mut m = StepMetrics::new();
         m.insert("step".into(), json!(step));
         m.insert("reward/mean".into(), json!(mean));
+        m.insert("reward/total".into(), json!(mean));
+        for (k, v) in self.side.env.take_metrics() {
+            m.insert(k, json!(v));
+        }
+        // Each term's raw (unweighted) mean over the scored samples.
+        for name in self.side.rewards.names() {
+            let v: Vec<f64> = trajs
+                .iter()
+                .filter_map(|t| t.reward_terms.iter().find(|(n, _)| *n == name))
+                .map(|(_, v)| *v)
+                .collect();
+            m.insert(format!("reward/{name}"), json!(mean_std(&v).0));
+        }
         m.insert("reward/std".into(), json!(std));
         m.insert("accuracy".into(), json!(acc));
         m.insert("response_len/mean".into(), json!(mean_std(&lens).0));
@@ -574,7 +516,7 @@ impl Trainer {
         m.insert("reward/failed".into(), json!(failed));
         m.insert("reward/timeouts".into(), json!(timeouts));
         m.insert("prompts/skipped".into(), json!(skipped_prompts));
-        let eta = self.snapshots.as_ref().map_or(0, Snapshots::lag);
+        let eta = self.recipe.asynchrony.eta();
         for (k, v) in staleness_metrics(step as u64, &oldest, eta) {
             m.insert(k, json!(v));
         }
@@ -586,6 +528,7 @@ impl Trainer {
         );
         m.insert("time/generate_s".into(), json!(gen_secs));
         let t_score = Instant::now();
+        let learn_start = self.timeline.now();
         if !rows.is_empty() {
             self.prepare(&mut rows, &group_ids, &rewards, stale, &mut diag)?;
         }
@@ -599,6 +542,43 @@ impl Trainer {
         } else {
             Some(self.update(&rows, lr, &mut diag)?)
         };
+        let trained: usize = rows
+            .iter()
+            .map(|r| r.mask.iter().filter(|&&x| x > 0.0).count())
+            .sum();
+        self.timeline.record(
+            "learner",
+            EventKind::Learn,
+            learn_start,
+            self.timeline.now(),
+            step as u64,
+            trained,
+        );
+        self.publish(step);
+        let now = self.timeline.now();
+        if self.recipe.asynchrony.mode == AsyncMode::Async {
+            let wall = (now - interval_start).max(1e-9);
+            let workers = self.recipe.asynchrony.rollout_workers.unwrap_or(1) as f64;
+            for (k, v) in [
+                ("async/queue_len", feed.queue_groups as f64),
+                ("async/requeued", feed.requeued as f64),
+                ("async/dropped", feed.dropped as f64),
+                ("async/learner_idle", (feed.waited_secs / wall).min(1.0)),
+                (
+                    "async/rollout_idle",
+                    (feed.rollout_wait_secs / (wall * workers)).min(1.0),
+                ),
+                (
+                    "async/rollout_tokens_per_s",
+                    feed.rollout_tokens as f64 / wall,
+                ),
+                ("async/learner_tokens_per_s", gen_tokens as f64 / wall),
+                ("async/version_spread", version_spread),
+            ] {
+                m.insert(k.into(), json!(v));
+            }
+        }
+        self.last_step_end = Some(now);
         let (clip_low, clip_high, kl, entropy, grad_norm, value_loss, bad) =
             stats.unwrap_or((0.0, 0.0, 0.0, 0.0, 0.0, None, false));
         if bad {
@@ -632,182 +612,15 @@ impl Trainer {
     }
 
     /// β of the KL term: the adaptive controller's current value, else `algorithm.kl_coef`.
-    fn beta(&self) -> f64 {
+    pub(crate) fn beta(&self) -> f64 {
         match &self.algo.kl_control {
             Some(c) => self.state.kl_coef.unwrap_or(c.value),
             None => self.recipe.algorithm.kl_coef,
         }
     }
-
-    /// Fills π_old, π_ref, values and advantages for every row; corrects the batch against μ
-    /// where the recipe asks (decoupled) and measures the gap (whenever π_old was computed).
-    fn prepare(
-        &mut self,
-        rows: &mut [Row],
-        group_ids: &[u64],
-        rewards: &[f64],
-        stale: bool,
-        diag: &mut StepDiagnostics,
-    ) -> Result<()> {
-        let a = &self.recipe.algorithm;
-        let temperature = self.recipe.rollout.temperature;
-        let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
-        let old_pass = self.algo.offpolicy.needs_old_pass(on_policy, stale);
-        let policy = self.policy().valid();
-        let critic = self.critic.as_ref().map(|c| c.valid());
-        let mut prox: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
-        let mut prox_secs = 0.0;
-        let all: Vec<usize> = (0..rows.len()).collect();
-        let logits_chunk = self.logits_chunk();
-        for chunk in self.micro_batches(&all, rows) {
-            let chunk = &chunk[..];
-            let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
-            let ids = self.pack(&refs);
-            // Frozen (`valid()`) models live on the plain device.
-            let ids_plain = ids.to_device(&self.plain);
-            if old_pass {
-                let t0 = Instant::now();
-                let lp =
-                    host(ids_plain.logprobs_chunked(&policy, Some(temperature), logits_chunk)?);
-                for (k, &i) in chunk.iter().enumerate() {
-                    prox[i] = ids.unpack(&lp, k, rows[i].resp_len());
-                }
-                prox_secs += t0.elapsed().as_secs_f64();
-            }
-            if let Some(reference) = &self.reference {
-                let lp =
-                    host(ids_plain.logprobs_chunked(reference, Some(temperature), logits_chunk)?);
-                for (k, &i) in chunk.iter().enumerate() {
-                    rows[i].ref_lp = Some(ids.unpack(&lp, k, rows[i].resp_len()));
-                }
-            }
-            if let Some(c) = &critic {
-                let v = host(
-                    ids_plain
-                        .response(c.forward(&ids_plain.input()).unsqueeze_dim::<3>(2))
-                        .squeeze_dim::<2>(2),
-                );
-                for (k, &i) in chunk.iter().enumerate() {
-                    let values = ids.unpack(&v, k, rows[i].resp_len());
-                    if values.iter().any(|x| !x.is_finite()) {
-                        return Err(TrainError::Diverged(
-                            "the critic's values are NaN/Inf (its weights diverged); start a new run \
-                             with a lower optimizer.lr or algorithm.value_coef (a resumed run \
-                             keeps its settings)"
-                                .into(),
-                        ));
-                    }
-                    rows[i].old_values = Some(values);
-                }
-            }
-        }
-        // The anchor (π_old, or μ for a cumulative ratio against the behaviour policy) is set
-        // before the advantages, whose KL-in-reward reads it.
-        if old_pass && !self.algo.offpolicy.anchors_at_behaviour() {
-            for (row, p) in rows.iter_mut().zip(&prox) {
-                row.old_lp.clone_from(p);
-            }
-        }
-        // Advantages in the response-aligned layout [N, R_max].
-        let beta = self.beta();
-        let a = &self.recipe.algorithm;
-        let n = rows.len();
-        let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
-        let mut tok_rewards = vec![0.0f32; n * rmax];
-        let mut mask = vec![0.0f32; n * rmax];
-        let mut values = vec![0.0f32; n * rmax];
-        for (i, row) in rows.iter().enumerate() {
-            let last = row.mask.iter().rposition(|&m| m > 0.0);
-            if let Some(last) = last {
-                tok_rewards[i * rmax + last] = rewards[i] as f32;
-            }
-            for (j, &mv) in row.mask.iter().enumerate() {
-                mask[i * rmax + j] = mv;
-                if let Some(v) = &row.old_values {
-                    values[i * rmax + j] = v[j];
-                }
-            }
-            if a.kl_placement == KlPlacement::Reward
-                && beta > 0.0
-                && let Some(r) = &row.ref_lp
-            {
-                let est: KlEstimator = a.kl_estimator.parse()?;
-                let k = kl_penalty(
-                    t2(&self.plain, row.old_lp.clone(), 1, row.resp_len()),
-                    t2(&self.plain, r.clone(), 1, row.resp_len()),
-                    est,
-                    None,
-                )?;
-                for (j, kv) in host(k).iter().enumerate() {
-                    tok_rewards[i * rmax + j] -= (beta as f32) * kv * row.mask[j];
-                }
-            }
-        }
-        let mut input = AdvantageInput::new(
-            t2(&self.plain, tok_rewards, n, rmax),
-            t2(&self.plain, mask, n, rmax),
-        )
-        .with_groups(group_ids.to_vec());
-        if self.critic.is_some() {
-            input = input.with_values(t2(&self.plain, values, n, rmax));
-        }
-        let out = self.algo.advantage.compute(&input)?;
-        let adv = host(out.advantages);
-        let ret = host(out.returns);
-        for (i, row) in rows.iter_mut().enumerate() {
-            let r = row.resp_len();
-            row.adv = adv[i * rmax..i * rmax + r].to_vec();
-            if self.critic.is_some() {
-                row.returns = Some(ret[i * rmax..i * rmax + r].to_vec());
-            }
-        }
-        // After the advantages: rejection masks the loss, it does not move an outcome reward.
-        if old_pass {
-            diag.prox_secs = Some(prox_secs);
-            self.correct_rows(rows, &prox, diag)?;
-        }
-        Ok(())
-    }
-
-    /// With π_old (π_prox) computed for every row: measures its gap to μ over the step, and in
-    /// decoupled mode corrects the batch (IS weights of π_prox against μ, rejection mask).
-    fn correct_rows(
-        &self,
-        rows: &mut [Row],
-        prox: &[Vec<f32>],
-        diag: &mut StepDiagnostics,
-    ) -> Result<()> {
-        let off = &self.algo.offpolicy;
-        let n = rows.len();
-        let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
-        let refs: Vec<&Row> = rows.iter().collect();
-        let behaviour = aligned(&refs, rmax, |r| &r.behaviour_lp);
-        let mask = aligned(&refs, rmax, |r| &r.mask);
-        let mut train = vec![0.0f32; n * rmax];
-        for (i, p) in prox.iter().enumerate() {
-            train[i * rmax..i * rmax + p.len()].copy_from_slice(p);
-        }
-        let decoupled = off.mode == CorrectionMode::Decoupled;
-        let none = Default::default();
-        let config = if decoupled { &off.correction } else { &none };
-        if mask.iter().any(|m| *m > 0.5) {
-            let out = diag.correct(&train, &behaviour, &mask, [n, rmax], config)?;
-            if decoupled {
-                for (i, row) in rows.iter_mut().enumerate() {
-                    let span = i * rmax..i * rmax + row.resp_len();
-                    row.mask = out.mask[span.clone()].iter().map(|&m| m as f32).collect();
-                    row.is_w = out
-                        .weights
-                        .as_ref()
-                        .map(|w| w[span].iter().map(|&v| v as f32).collect());
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
-fn mean_std(v: &[f64]) -> (f64, f64) {
+pub(crate) fn mean_std(v: &[f64]) -> (f64, f64) {
     if v.is_empty() {
         return (0.0, 0.0);
     }
@@ -817,12 +630,13 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// 1 when the trajectory's `correct` reward term is 1.
-fn is_correct(t: &Trajectory) -> f64 {
+/// 1 when the trajectory's correctness term (`term`: the task's `correct`, or the recipe's
+/// `correctness` term) scored above 0.
+pub(crate) fn is_correct(t: &Trajectory, term: &str) -> f64 {
     t.reward_terms
         .iter()
-        .find(|(n, _)| n == "correct")
-        .map_or(0.0, |(_, v)| if *v >= 1.0 { 1.0 } else { 0.0 })
+        .find(|(n, _)| n == term)
+        .map_or(0.0, |(_, v)| if *v > 0.0 { 1.0 } else { 0.0 })
 }
 
 #[cfg(test)]

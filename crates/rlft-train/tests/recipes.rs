@@ -104,6 +104,16 @@ fn every_recipe_runs_two_steps() {
             "{name}: exported"
         );
         assert!(out.join("latest").exists(), "{name}: checkpoint");
+        if name == "quickstart" {
+            // A sync run: every picture is written; those without data say why.
+            let files = rlft_train::plot::plot_run(&out, None).unwrap();
+            for stem in ["ratio_fan", "staleness", "offpolicy", "timeline"] {
+                for ext in ["png", "svg"] {
+                    let f = out.join(format!("{stem}.{ext}"));
+                    assert!(files.contains(&f), "{} not written", f.display());
+                }
+            }
+        }
         names.push(name);
         std::fs::remove_dir_all(&out).ok();
     }
@@ -114,6 +124,7 @@ fn every_recipe_runs_two_steps() {
             "cispo-smollm2-arith",
             "ctpo-smollm2-tool",
             "dapo-smollm2-arith",
+            "grpo-async-smollm2-arith",
             "grpo-smollm2-arith",
             "gspo-smollm2-arith",
             "ppo-critic-tiny",
@@ -509,4 +520,142 @@ fn lagged_mode_of_lag_zero_is_sync_and_lag_two_is_two_versions_old() {
     assert_eq!(at(3, "staleness/max"), 2.0);
     // Sampling with older weights changes what is learned.
     assert_ne!(strip(&sync)[3], strip(&lag2)[3]);
+}
+
+/// `async.mode = "async"` with `max_staleness = 0` is sync, bit for bit (each batch's RNG comes
+/// from (seed, batch serial) and a batch starts only once the weights it needs reached the
+/// worker); with η = 2 and two workers no consumed group is older than 2 versions, every step
+/// reports the async metrics, and `events.jsonl` holds both sides' intervals.
+#[test]
+fn async_mode_of_eta_zero_is_sync_and_eta_two_stays_within_two_versions() {
+    let steps = ["schedule.steps=4", "checkpoint.every=2"];
+    let strip = |v: &[rlft_train::metrics::StepMetrics]| {
+        v.iter()
+            .map(|m| {
+                let mut m = m.clone();
+                m.retain(|k, _| {
+                    k != "tokens_per_s" && !k.starts_with("time/") && !k.starts_with("async/")
+                });
+                m
+            })
+            .collect::<Vec<_>>()
+    };
+    let sync = quickstart_metrics("async-sync", &steps);
+    let eta0 = quickstart_metrics(
+        "async-0",
+        &[
+            steps[0],
+            steps[1],
+            "async.mode=\"async\"",
+            "async.max_staleness=0",
+        ],
+    );
+    assert_eq!(strip(&sync), strip(&eta0));
+    assert!(eta0[1..].iter().all(|m| m["async/requeued"] == 0.0));
+    let out = tmp("async-2");
+    let mut o = smoke(&out, None);
+    o.extend(
+        [
+            "schedule.steps=6",
+            "async.mode=\"async\"",
+            "async.max_staleness=2",
+            "async.rollout_workers=2",
+            "async.rollout_threads=1",
+            "async.learner_threads=1",
+        ]
+        .map(String::from),
+    );
+    let recipe = Recipe::load(&root().join("recipes/quickstart.toml"), &o).unwrap();
+    Trainer::new(recipe, None).unwrap().run(None).unwrap();
+    let m = rlft_train::metrics::read_metrics(&out.join("metrics.jsonl")).unwrap();
+    assert_eq!(m.len(), 7);
+    for s in &m[1..] {
+        assert!(s["staleness/max"].as_f64().unwrap() <= 2.0, "{s:?}");
+        assert_eq!(s["staleness/hist/over"], 0.0);
+        for key in [
+            "async/queue_len",
+            "async/requeued",
+            "async/dropped",
+            "async/learner_idle",
+            "async/rollout_idle",
+            "async/rollout_tokens_per_s",
+            "async/learner_tokens_per_s",
+            "async/version_spread",
+        ] {
+            let v = s[key].as_f64().unwrap_or_else(|| panic!("{key} missing"));
+            assert!(v.is_finite() && v >= 0.0, "{key} = {v}");
+        }
+        for key in ["async/learner_idle", "async/rollout_idle"] {
+            assert!(s[key].as_f64().unwrap() <= 1.0, "{key}");
+        }
+    }
+    // Interruptible generation keeps the bound: a group's oldest token decides its staleness;
+    // the workers may sample on their own device.
+    let out_i = tmp("async-2-interruptible");
+    let mut o = smoke(&out_i, None);
+    o.extend(
+        [
+            "schedule.steps=4",
+            "async.mode=\"async\"",
+            "async.max_staleness=2",
+            "async.interruptible=true",
+            "async.kv_on_update=\"recompute\"",
+            // The workers' snapshots on another backend than the learner's (flex).
+            "rollout.device=\"ndarray\"",
+        ]
+        .map(String::from),
+    );
+    let recipe = Recipe::load(&root().join("recipes/quickstart.toml"), &o).unwrap();
+    Trainer::new(recipe, None).unwrap().run(None).unwrap();
+    let mi = rlft_train::metrics::read_metrics(&out_i.join("metrics.jsonl")).unwrap();
+    assert_eq!(mi.len(), 5);
+    assert!(
+        mi[1..]
+            .iter()
+            .all(|s| s["staleness/max"].as_f64().unwrap() <= 2.0)
+    );
+    std::fs::remove_dir_all(&out_i).ok();
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(out.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let has = |actor: &str, kind: &str| {
+        events.iter().any(|e| {
+            e["actor"] == actor && e["kind"] == kind && e["end_s"].as_f64() >= e["start_s"].as_f64()
+        })
+    };
+    for (actor, kind) in [
+        ("learner", "learn"),
+        ("learner", "publish"),
+        ("learner", "wait"),
+        ("rollout/0", "generate"),
+        ("rollout/1", "generate"),
+        ("rollout/0", "score"),
+    ] {
+        assert!(
+            has(actor, kind),
+            "no {actor} {kind} interval in events.jsonl"
+        );
+    }
+    // The run's pictures: stale batches get a π_old pass, so the ratio fan has data too.
+    let files = rlft_train::plot::plot_run(&out, None).unwrap();
+    for (stem, exts) in [
+        ("ratio_fan", &["png", "svg"][..]),
+        ("staleness", &["png", "svg"]),
+        ("offpolicy", &["png", "svg"]),
+        ("timeline", &["png", "svg"]),
+        ("plot_reward_mean", &["png"]),
+    ] {
+        for ext in exts {
+            let f = out.join(format!("{stem}.{ext}"));
+            assert!(files.contains(&f), "{} not written", f.display());
+            assert!(
+                std::fs::metadata(&f).unwrap().len() > 1000,
+                "{} is empty",
+                f.display()
+            );
+        }
+    }
+    std::fs::remove_dir_all(&out).ok();
 }

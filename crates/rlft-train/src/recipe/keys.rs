@@ -42,8 +42,8 @@ pub(super) fn flatten(
     out
 }
 
-/// Parses an override value as TOML (numbers, booleans, arrays, quoted strings), falling back
-/// to the raw string.
+/// Parses an override value as TOML (numbers, booleans, arrays, inline tables, quoted
+/// strings), falling back to the raw string.
 pub(super) fn toml_value(raw: &str) -> config::Value {
     let doc = format!("v = {raw}");
     match doc.parse::<toml::Table>() {
@@ -62,6 +62,12 @@ fn toml_to_config(v: &toml::Value) -> config::Value {
         toml::Value::Float(f) => (*f).into(),
         toml::Value::Boolean(b) => (*b).into(),
         toml::Value::Array(a) => a.iter().map(toml_to_config).collect::<Vec<_>>().into(),
+        // Inline tables: `--set 'reward=[{kind = "exact"}]'`.
+        toml::Value::Table(t) => t
+            .iter()
+            .map(|(k, v)| (k.clone(), toml_to_config(v)))
+            .collect::<config::Map<String, config::Value>>()
+            .into(),
         other => other.to_string().into(),
     }
 }

@@ -16,6 +16,17 @@ impl Recipe {
     /// As [`Recipe::validate`], looking `algorithm.loss` up in `registry`.
     pub fn validate_with(&self, registry: &rlft_algo::loss::LossRegistry) -> Result<()> {
         let bad = |key: &str, msg: String| Err(TrainError::Recipe(format!("{key}: {msg}")));
+        if let Some(d) = self.task.dataset.as_deref().filter(|d| !d.is_empty()) {
+            return bad(
+                "task.dataset",
+                format!(
+                    "was replaced by [data]: write `[data] train = {d:?}` and score it with \
+                     [[reward]] terms (e.g. kind = \"exact\" for the last number)"
+                ),
+            );
+        }
+        super::data::check(&self.data, &self.reward, self.rollout.max_new_tokens)?;
+        super::data::check_tools(&self.tool)?;
         let r = &self.rollout;
         let a = &self.algorithm;
         if r.group_size < 2 && !self.model.critic {
@@ -233,8 +244,21 @@ impl Recipe {
         if self.checkpoint.keep == 0 {
             return bad("checkpoint.keep", "must be at least 1".into());
         }
-        if let Err(e) = self.asynchrony.lag() {
-            return bad("async.lag", e);
+        if let Err((key, e)) = self.asynchrony.check() {
+            return bad(key, e);
+        }
+        if let Some(d) = &self.rollout.device {
+            if self.asynchrony.mode != crate::staleness::AsyncMode::Async {
+                return bad(
+                    "rollout.device",
+                    "applies to async.mode = \"async\" only (the rollout workers' device); \
+                     remove it or set async.mode = \"async\""
+                        .into(),
+                );
+            }
+            if let Err(e) = rlft_algo::device::parse(d) {
+                return bad("rollout.device", e.to_string());
+            }
         }
         crate::algorithm::resolve_algorithm(self, registry)?;
         Ok(())

@@ -1,5 +1,11 @@
-//! Prompt datasets: JSONL files (`prompt` or `messages`, `answer`, optional `metadata`), a
-//! deterministic per-epoch shuffle, and a cursor that checkpoints save and restore.
+//! Datasets: JSONL and Parquet files in TRL's or verl's layout or with columns a recipe names
+//! ([`Columns`]), a deterministic per-epoch shuffle, and a cursor that checkpoints save and
+//! restore.
+
+mod columns;
+mod parquet;
+
+pub use columns::{ANSWER_COLUMNS, COMPLETION_COLUMN, Columns, DataRole, PROMPT_COLUMNS};
 
 use crate::{Result, RolloutError};
 use rand::SeedableRng;
@@ -42,21 +48,21 @@ impl Prompt {
 pub struct Example {
     /// What the model is asked.
     pub prompt: Prompt,
-    /// The reference answer the verifier checks against.
+    /// The reference answer the verifier checks against (empty for demonstrations without one).
     pub answer: String,
-    /// Anything else (task parameters, difficulty, ...).
+    /// A demonstration, for the supervised warm-up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion: Option<String>,
+    /// Every other column of the row (task parameters, `data_source`, `extra_info`, ...).
     #[serde(default)]
     pub metadata: serde_json::Value,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Line {
-    prompt: Option<String>,
-    messages: Option<Vec<ChatMessage>>,
-    answer: serde_json::Value,
-    #[serde(default)]
-    metadata: serde_json::Value,
+impl Example {
+    /// The example's `data_source` column, when it has one (per-source evaluation).
+    pub fn data_source(&self) -> Option<&str> {
+        self.metadata.get("data_source")?.as_str()
+    }
 }
 
 /// A list of examples.
@@ -67,81 +73,94 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// Reads a JSONL file: one object per line with `prompt` (string) or `messages` (list of
-    /// `{role, content}`), `answer` (string or number) and optional `metadata`. Blank lines are
-    /// skipped; any other malformed line is an error naming its line number.
-    pub fn from_jsonl(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| RolloutError::Dataset {
-            path: path.into(),
-            line: 0,
-            msg: format!("cannot read: {e}"),
-        })?;
-        let text = std::str::from_utf8(&bytes).map_err(|e| {
-            let valid = &bytes[..e.valid_up_to()];
-            let start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-            RolloutError::Dataset {
-                path: path.into(),
-                line: valid.iter().filter(|&&b| b == b'\n').count() + 1,
-                msg: format!(
-                    "not valid UTF-8 (byte {} of the line); JSONL files are UTF-8 text",
-                    e.valid_up_to() - start + 1
-                ),
-            }
-        })?;
-        Self::parse_jsonl(text, path)
+    /// Reads a JSONL (`.jsonl`, `.json`) or Parquet (`.parquet`) file, mapping each row with
+    /// `columns` ([`Columns`]: TRL's and verl's layouts, or the columns a recipe names). Blank
+    /// JSONL lines are skipped; any other row that cannot be used is an error naming the file,
+    /// the line or row, and the column.
+    pub fn load(path: &Path, columns: &Columns, role: DataRole) -> Result<Self> {
+        Self::load_checked(path, columns, role, &|_| Ok(()))
     }
 
-    /// Parses JSONL text (`path` is only used in errors).
-    pub fn parse_jsonl(text: &str, path: &Path) -> Result<Self> {
-        let err = |line: usize, msg: String| RolloutError::Dataset {
-            path: PathBuf::from(path),
-            line,
-            msg,
-        };
-        let mut examples = Vec::new();
-        for (i, raw) in text.lines().enumerate() {
-            let n = i + 1;
-            if raw.trim().is_empty() {
-                continue;
+    /// As [`Dataset::load`], with `check` run on every example: its error becomes the file's
+    /// error at that line or row (a ground truth a reward cannot use, say).
+    pub fn load_checked(
+        path: &Path,
+        columns: &Columns,
+        role: DataRole,
+        check: &dyn Fn(&Example) -> std::result::Result<(), String>,
+    ) -> Result<Self> {
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        match ext.as_deref() {
+            Some("jsonl" | "json" | "ndjson") => {
+                let rows = jsonl_rows(&read_utf8(path)?, path)?;
+                Self::from_rows(path, rows, columns, role, "line", check)
             }
-            let line: Line = serde_json::from_str(raw).map_err(|e| {
-                err(
-                    n,
-                    format!(
-                        "{e}; expected an object with \"prompt\" (string) or \"messages\" \
-                         (list of {{\"role\", \"content\"}}), \"answer\", and optional \"metadata\""
-                    ),
-                )
-            })?;
-            let prompt = match (line.prompt, line.messages) {
-                (Some(p), None) => Prompt::Text(p),
-                (None, Some(m)) if !m.is_empty() => Prompt::Messages(m),
-                (None, Some(_)) => return Err(err(n, "\"messages\" is empty".into())),
-                (Some(_), Some(_)) => {
-                    return Err(err(n, "give \"prompt\" or \"messages\", not both".into()));
-                }
-                (None, None) => {
-                    return Err(err(n, "missing \"prompt\" or \"messages\"".into()));
-                }
-            };
-            let answer = match line.answer {
-                serde_json::Value::String(s) => s,
-                serde_json::Value::Number(x) => x.to_string(),
-                other => {
-                    return Err(err(
-                        n,
-                        format!("\"answer\" must be a string or a number, got {other}"),
-                    ));
-                }
-            };
-            examples.push(Example {
-                prompt,
-                answer,
-                metadata: line.metadata,
-            });
+            Some("parquet" | "pq") => {
+                Self::from_rows(path, parquet::rows(path)?, columns, role, "row", check)
+            }
+            _ => Err(RolloutError::Dataset {
+                path: path.into(),
+                line: 0,
+                msg: "unknown file type: name it .jsonl (one JSON object per line) or .parquet"
+                    .into(),
+            }),
         }
+    }
+
+    /// Reads a JSONL file of RL prompts in any known layout: `prompt` (string or messages) or
+    /// `messages`, `answer` (or `solution`, `ground_truth`, `reward_model.ground_truth`),
+    /// every other field kept as metadata.
+    pub fn from_jsonl(path: &Path) -> Result<Self> {
+        Self::parse_jsonl(&read_utf8(path)?, path)
+    }
+
+    /// Parses JSONL text of RL prompts (`path` is only used in errors).
+    pub fn parse_jsonl(text: &str, path: &Path) -> Result<Self> {
+        let rows = jsonl_rows(text, path)?;
+        Self::from_rows(
+            path,
+            rows,
+            &Columns::default(),
+            DataRole::Prompts,
+            "line",
+            &|_| Ok(()),
+        )
+    }
+
+    fn from_rows(
+        path: &Path,
+        rows: Vec<(usize, serde_json::Map<String, serde_json::Value>)>,
+        columns: &Columns,
+        role: DataRole,
+        unit: &str,
+        check: &dyn Fn(&Example) -> std::result::Result<(), String>,
+    ) -> Result<Self> {
+        let examples = rows
+            .into_iter()
+            .map(|(n, row)| {
+                columns
+                    .example(&row, role)
+                    .and_then(|ex| check(&ex).map(|()| ex))
+                    .map_err(|msg| RolloutError::Dataset {
+                        path: path.into(),
+                        line: n,
+                        msg: if unit == "line" {
+                            msg
+                        } else {
+                            format!("{unit} {n}: {msg}")
+                        },
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
         if examples.is_empty() {
-            return Err(err(0, "the file has no examples".into()));
+            return Err(RolloutError::Dataset {
+                path: path.into(),
+                line: 0,
+                msg: "the file has no examples".into(),
+            });
         }
         Ok(Self { examples })
     }
@@ -154,6 +173,93 @@ impl Dataset {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.examples.is_empty()
+    }
+
+    /// Checks that message prompts can be rendered: a model without a chat template cannot
+    /// take them.
+    pub fn check_renderable(&self, tokenizer: &Tokenizer, path: &Path) -> Result<()> {
+        if tokenizer.chat_template.is_some() {
+            return Ok(());
+        }
+        match self
+            .examples
+            .iter()
+            .position(|e| matches!(e.prompt, Prompt::Messages(_)))
+        {
+            Some(i) => Err(RolloutError::Dataset {
+                path: path.into(),
+                line: i + 1,
+                msg: "the prompt is a list of chat messages but the model has no chat template; \
+                      use a chat model (its tokenizer_config.json or GGUF carries the template) or \
+                      plain-text prompts"
+                    .into(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A file's text; invalid UTF-8 is an error naming the line.
+fn read_utf8(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| RolloutError::Dataset {
+        path: path.into(),
+        line: 0,
+        msg: format!("cannot read: {e}"),
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let e = e.utf8_error();
+        let valid = &bytes[..e.valid_up_to()];
+        let start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        RolloutError::Dataset {
+            path: path.into(),
+            line: valid.iter().filter(|&&b| b == b'\n').count() + 1,
+            msg: format!(
+                "not valid UTF-8 (byte {} of the line); JSONL files are UTF-8 text",
+                e.valid_up_to() - start + 1
+            ),
+        }
+    })
+}
+
+/// The JSON objects of JSONL text with their line numbers; blank lines are skipped.
+fn jsonl_rows(
+    text: &str,
+    path: &Path,
+) -> Result<Vec<(usize, serde_json::Map<String, serde_json::Value>)>> {
+    let mut rows = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let err = |msg: String| RolloutError::Dataset {
+            path: PathBuf::from(path),
+            line: i + 1,
+            msg,
+        };
+        match serde_json::from_str(raw) {
+            Ok(serde_json::Value::Object(m)) => rows.push((i + 1, m)),
+            Ok(other) => {
+                return Err(err(format!(
+                    "expected a JSON object with a prompt and an answer, got {}",
+                    truncate(&other.to_string(), 60)
+                )));
+            }
+            Err(e) => {
+                return Err(err(format!(
+                    "{e}; expected one JSON object per line, with \"prompt\" (string or list \
+                     of {{\"role\", \"content\"}}) and \"answer\""
+                )));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
     }
 }
 
@@ -252,17 +358,13 @@ mod tests {
                 3,
                 "expected",
             ),
-            ("{\"answer\": 1}", 1, "missing \"prompt\""),
+            ("{\"answer\": 1}", 1, "no prompt"),
             (
                 "{\"prompt\": \"a\", \"answer\": [1]}",
                 1,
                 "string or a number",
             ),
-            (
-                "{\"prompt\": \"a\", \"answer\": 1, \"extra\": 2}",
-                1,
-                "unknown field",
-            ),
+            ("[1, 2]", 1, "expected a JSON object"),
         ] {
             let e = Dataset::parse_jsonl(text, Path::new("d.jsonl")).unwrap_err();
             match &e {

@@ -1,0 +1,184 @@
+//! Where the learner's batches come from: collected inline (sync and lagged modes) or taken
+//! from the rollout workers (async mode), then consumed under the staleness bound.
+
+use crate::collect::Collected;
+use crate::events::EventKind;
+use crate::pipeline::{Admission, PipelineState};
+use crate::staleness::AsyncMode;
+use crate::trainer::Trainer;
+use crate::workers::{WorkerSettings, Workers};
+use crate::{Result, TrainError};
+use burn::module::Module;
+use rlft_rollout::{DataCursor, DataLoader};
+
+/// What the async side reports with a batch (zeros inline).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FeedStats {
+    /// Seconds the learner waited for the batch.
+    pub waited_secs: f64,
+    /// Groups finished and waiting after it.
+    pub queue_groups: usize,
+    /// Groups of this batch requeued / dropped for staleness.
+    pub requeued: usize,
+    pub dropped: usize,
+    /// Worker seconds spent waiting, and tokens generated, since the last batch.
+    pub rollout_wait_secs: f64,
+    pub rollout_tokens: usize,
+}
+
+impl Trainer {
+    /// The admission controller of a run at `consumed` steps, continuing from `state`.
+    pub(crate) fn admission(
+        &self,
+        cursor: DataCursor,
+        consumed: usize,
+        state: PipelineState,
+    ) -> Result<Admission> {
+        let loader = DataLoader::new(self.train_set.len(), self.recipe.seed, cursor)?;
+        Ok(Admission::new(
+            self.recipe.asynchrony.eta(),
+            loader,
+            consumed as u64,
+            state,
+        ))
+    }
+
+    /// The admission state and data position to checkpoint.
+    pub(crate) fn feed_state(&self) -> (PipelineState, DataCursor) {
+        match (&self.workers, &self.inline) {
+            (Some(w), _) => w.checkpoint_state(),
+            (None, Some(a)) => (a.state(), a.cursor()),
+            (None, None) => (PipelineState::default(), DataCursor::default()),
+        }
+    }
+
+    /// Step `step`'s batch, consumed: groups older than η are requeued, dropped or kept.
+    pub(crate) fn next_batch(&mut self, step: usize) -> Result<(Collected, FeedStats)> {
+        let serial = step as u64;
+        let mut stats = FeedStats::default();
+        let mut batch = if self.recipe.asynchrony.mode == AsyncMode::Async {
+            if self.workers.is_none() {
+                self.start_workers(step)?;
+            }
+            let w = self
+                .workers
+                .as_ref()
+                .ok_or_else(|| TrainError::Usage("the rollout workers are not running".into()))?;
+            let d = w.take(serial)?;
+            stats.waited_secs = d.waited_secs;
+            stats.queue_groups = d.queue_groups;
+            stats.rollout_wait_secs = d.rollout_wait_secs;
+            stats.rollout_tokens = d.rollout_tokens;
+            d.batch
+        } else {
+            self.collect_inline(step)?
+        };
+        let oldest: Vec<u64> = batch
+            .groups
+            .iter()
+            .map(|g| g.oldest_version().unwrap_or(serial))
+            .collect();
+        let on_stale = self.recipe.asynchrony.on_stale();
+        let consumed = match (&self.workers, self.inline.as_mut()) {
+            (Some(w), _) => w.consume(serial, serial, &oldest, &batch.prompts, on_stale),
+            (None, Some(a)) => a.consume(serial, serial, &oldest, &batch.prompts, on_stale),
+            (None, None) => Default::default(),
+        };
+        stats.requeued = consumed.requeued;
+        stats.dropped = consumed.dropped;
+        if consumed.keep.iter().any(|k| !k) {
+            let mut keep = consumed.keep.iter();
+            batch
+                .groups
+                .retain(|_| keep.next().copied().unwrap_or(true));
+            let mut keep = consumed.keep.iter();
+            batch
+                .prompts
+                .retain(|_| keep.next().copied().unwrap_or(true));
+        }
+        Ok((batch, stats))
+    }
+
+    /// Collects batch `step` on this thread, with the current weights or, in lagged mode, those
+    /// of `async.lag` versions ago.
+    fn collect_inline(&mut self, step: usize) -> Result<Collected> {
+        let current = self.policy().valid();
+        let (version, model) = match self.snapshots.as_mut() {
+            Some(s) => {
+                let (v, m) = s.sample_with(step as u64, current);
+                (v, m.clone())
+            }
+            None => (step as u64, current),
+        };
+        let admission = self
+            .inline
+            .as_mut()
+            .ok_or_else(|| TrainError::Usage("the admission controller is gone".into()))?;
+        let serial = admission.issue();
+        let t0 = self.timeline.now();
+        let c = self.side.collect(
+            &model,
+            version,
+            serial,
+            &mut |n| admission.draw(serial, n),
+            None,
+        )?;
+        let t1 = self.timeline.now();
+        let t_score = (t1 - c.score_secs).max(t0);
+        let actor = "rollout/0";
+        self.timeline
+            .record(actor, EventKind::Generate, t0, t_score, version, c.tokens);
+        self.timeline
+            .record(actor, EventKind::Score, t_score, t1, version, 0);
+        Ok(c)
+    }
+
+    /// Starts the rollout workers with the current weights (version `step`), handing them the
+    /// admission controller.
+    fn start_workers(&mut self, step: usize) -> Result<()> {
+        let admission = self
+            .inline
+            .take()
+            .ok_or_else(|| TrainError::Usage("the admission controller is gone".into()))?;
+        let a = &self.recipe.asynchrony;
+        let device = self
+            .recipe
+            .rollout
+            .device
+            .as_deref()
+            .map(rlft_algo::device::parse)
+            .transpose()?;
+        let settings = WorkerSettings {
+            workers: a.rollout_workers.unwrap_or(1),
+            threads: a.rollout_threads,
+            device,
+        };
+        self.workers = Some(Workers::start(
+            self.side.clone(),
+            admission,
+            step as u64,
+            self.policy().valid(),
+            &settings,
+            self.timeline.clone(),
+        )?);
+        Ok(())
+    }
+
+    /// After the update of step `step`: hands the new weights (version `step + 1`) to the
+    /// rollout workers.
+    pub(crate) fn publish(&self, step: usize) {
+        if let Some(w) = &self.workers {
+            w.publish(step as u64 + 1, self.policy().valid());
+        }
+    }
+
+    /// Stops the rollout workers, putting their admission state back inline (so a checkpoint
+    /// written afterwards still holds the prompts in flight).
+    pub(crate) fn stop_workers(&mut self) -> Result<()> {
+        if let Some(w) = self.workers.take() {
+            let (state, cursor) = w.finish();
+            self.inline = Some(self.admission(cursor, self.state.step, state)?);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,183 @@
+//! The learner's side of scoring a consumed batch: π_old (π_prox), reference log-probs and
+//! critic values for every row, advantages from the outcome rewards (with KL in the reward where
+//! the recipe places it), and the decoupled correction against μ. It runs when a batch is
+//! consumed, so π_prox is the learner's policy at that moment whichever version sampled it.
+
+use crate::correction::CorrectionMode;
+use crate::learn::{aligned, t2};
+use crate::offpolicy::StepDiagnostics;
+use crate::recipe::KlPlacement;
+use crate::trainer::{Row, Trainer};
+use crate::{Result, TrainError, host};
+use burn::module::Module;
+use rlft_algo::advantage::AdvantageInput;
+use rlft_algo::kl::kl_penalty;
+use std::time::Instant;
+
+impl Trainer {
+    /// Fills π_old, π_ref, values and advantages for every row; corrects the batch against μ
+    /// where the recipe asks (decoupled) and measures the gap (whenever π_old was computed).
+    pub(crate) fn prepare(
+        &mut self,
+        rows: &mut [Row],
+        group_ids: &[u64],
+        rewards: &[f64],
+        stale: bool,
+        diag: &mut StepDiagnostics,
+    ) -> Result<()> {
+        let a = &self.recipe.algorithm;
+        let temperature = self.recipe.rollout.temperature;
+        let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
+        let old_pass = self.algo.offpolicy.needs_old_pass(on_policy, stale);
+        let policy = self.policy().valid();
+        let critic = self.critic.as_ref().map(|c| c.valid());
+        let mut prox: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
+        let mut prox_secs = 0.0;
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let logits_chunk = self.logits_chunk();
+        for chunk in self.micro_batches(&all, rows) {
+            let chunk = &chunk[..];
+            let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
+            let ids = self.pack(&refs);
+            // Frozen (`valid()`) models live on the plain device.
+            let ids_plain = ids.to_device(&self.plain);
+            if old_pass {
+                let t0 = Instant::now();
+                let lp =
+                    host(ids_plain.logprobs_chunked(&policy, Some(temperature), logits_chunk)?);
+                for (k, &i) in chunk.iter().enumerate() {
+                    prox[i] = ids.unpack(&lp, k, rows[i].resp_len());
+                }
+                prox_secs += t0.elapsed().as_secs_f64();
+            }
+            if let Some(reference) = &self.reference {
+                let lp =
+                    host(ids_plain.logprobs_chunked(reference, Some(temperature), logits_chunk)?);
+                for (k, &i) in chunk.iter().enumerate() {
+                    rows[i].ref_lp = Some(ids.unpack(&lp, k, rows[i].resp_len()));
+                }
+            }
+            if let Some(c) = &critic {
+                let v = host(
+                    ids_plain
+                        .response(c.forward(&ids_plain.input()).unsqueeze_dim::<3>(2))
+                        .squeeze_dim::<2>(2),
+                );
+                for (k, &i) in chunk.iter().enumerate() {
+                    let values = ids.unpack(&v, k, rows[i].resp_len());
+                    if values.iter().any(|x| !x.is_finite()) {
+                        return Err(TrainError::Diverged(
+                            "the critic's values are NaN/Inf (its weights diverged); start a new run \
+                             with a lower optimizer.lr or algorithm.value_coef (a resumed run \
+                             keeps its settings)"
+                                .into(),
+                        ));
+                    }
+                    rows[i].old_values = Some(values);
+                }
+            }
+        }
+        // The anchor (π_old, or μ for a cumulative ratio against the behaviour policy) is set
+        // before the advantages, whose KL-in-reward reads it.
+        if old_pass && !self.algo.offpolicy.anchors_at_behaviour() {
+            for (row, p) in rows.iter_mut().zip(&prox) {
+                row.old_lp.clone_from(p);
+            }
+        }
+        // Advantages in the response-aligned layout [N, R_max].
+        let beta = self.beta();
+        let a = &self.recipe.algorithm;
+        let n = rows.len();
+        let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
+        let mut tok_rewards = vec![0.0f32; n * rmax];
+        let mut mask = vec![0.0f32; n * rmax];
+        let mut values = vec![0.0f32; n * rmax];
+        for (i, row) in rows.iter().enumerate() {
+            let last = row.mask.iter().rposition(|&m| m > 0.0);
+            if let Some(last) = last {
+                tok_rewards[i * rmax + last] = rewards[i] as f32;
+            }
+            for (j, &mv) in row.mask.iter().enumerate() {
+                mask[i * rmax + j] = mv;
+                if let Some(v) = &row.old_values {
+                    values[i * rmax + j] = v[j];
+                }
+            }
+            if a.kl_placement == KlPlacement::Reward
+                && beta > 0.0
+                && let Some(r) = &row.ref_lp
+            {
+                let k = kl_penalty(
+                    t2(&self.plain, row.old_lp.clone(), 1, row.resp_len()),
+                    t2(&self.plain, r.clone(), 1, row.resp_len()),
+                    self.algo.config.kl_estimator,
+                    None,
+                )?;
+                for (j, kv) in host(k).iter().enumerate() {
+                    tok_rewards[i * rmax + j] -= (beta as f32) * kv * row.mask[j];
+                }
+            }
+        }
+        let mut input = AdvantageInput::new(
+            t2(&self.plain, tok_rewards, n, rmax),
+            t2(&self.plain, mask, n, rmax),
+        )
+        .with_groups(group_ids.to_vec());
+        if self.critic.is_some() {
+            input = input.with_values(t2(&self.plain, values, n, rmax));
+        }
+        let out = self.algo.advantage.compute(&input)?;
+        let adv = host(out.advantages);
+        let ret = host(out.returns);
+        for (i, row) in rows.iter_mut().enumerate() {
+            let r = row.resp_len();
+            row.adv = adv[i * rmax..i * rmax + r].to_vec();
+            if self.critic.is_some() {
+                row.returns = Some(ret[i * rmax..i * rmax + r].to_vec());
+            }
+        }
+        // After the advantages: rejection masks the loss, it does not move an outcome reward.
+        if old_pass {
+            diag.prox_secs = Some(prox_secs);
+            self.correct_rows(rows, &prox, diag)?;
+        }
+        Ok(())
+    }
+
+    /// With π_old (π_prox) computed for every row: measures its gap to μ over the step, and in
+    /// decoupled mode corrects the batch (IS weights of π_prox against μ, rejection mask).
+    fn correct_rows(
+        &self,
+        rows: &mut [Row],
+        prox: &[Vec<f32>],
+        diag: &mut StepDiagnostics,
+    ) -> Result<()> {
+        let off = &self.algo.offpolicy;
+        let n = rows.len();
+        let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
+        let refs: Vec<&Row> = rows.iter().collect();
+        let behaviour = aligned(&refs, rmax, |r| &r.behaviour_lp);
+        let mask = aligned(&refs, rmax, |r| &r.mask);
+        let mut train = vec![0.0f32; n * rmax];
+        for (i, p) in prox.iter().enumerate() {
+            train[i * rmax..i * rmax + p.len()].copy_from_slice(p);
+        }
+        let decoupled = off.mode == CorrectionMode::Decoupled;
+        let none = Default::default();
+        let config = if decoupled { &off.correction } else { &none };
+        if mask.iter().any(|m| *m > 0.5) {
+            let out = diag.correct(&train, &behaviour, &mask, [n, rmax], config)?;
+            if decoupled {
+                for (i, row) in rows.iter_mut().enumerate() {
+                    let span = i * rmax..i * rmax + row.resp_len();
+                    row.mask = out.mask[span.clone()].iter().map(|&m| m as f32).collect();
+                    row.is_w = out
+                        .weights
+                        .as_ref()
+                        .map(|w| w[span].iter().map(|&v| v as f32).collect());
+                }
+            }
+        }
+        Ok(())
+    }
+}
