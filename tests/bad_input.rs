@@ -337,9 +337,9 @@ fn bad_input_is_a_clear_error_never_a_panic() {
     with_set(
         &mut cases,
         &tmp,
-        "dataset without reward terms",
-        &["data.train=\"/nonexistent/train.jsonl\""],
-        &["data.train", "[[reward]]"],
+        "by_source with an unknown scorer",
+        &["reward=[{kind = \"by_source\", sources = { mine = \"gsm9k\" }}]"],
+        &["reward", "gsm9k", "math_dapo"],
     );
     with_set(
         &mut cases,
@@ -658,20 +658,32 @@ fn bad_input_is_a_clear_error_never_a_panic() {
             "{\"prompt\": \"1+1\", \"answer\": \"2\"}\n{\"prompt\": \n",
             vec![s(".jsonl:2:")],
         ),
+        (
+            "dataset empty answer list",
+            "{\"prompt\": \"1+1\", \"answer\": []}\n",
+            vec![s(".jsonl:1:"), s("empty list")],
+        ),
+        // Without [[reward]] terms own data is scored by verl's table of data sources.
+        (
+            "dataset without reward terms or data_source",
+            "{\"prompt\": \"1+1\", \"answer\": \"2\"}\n",
+            vec![s(".jsonl:1:"), s("no data_source"), s("[[reward]]")],
+        ),
+        (
+            "dataset data_source without scorer",
+            "{\"prompt\": \"q\", \"answer\": \"2\", \"data_source\": \"numina_olympiads\"}\n",
+            vec![s(".jsonl:1:"), s("\"numina_olympiads\""), s("sources = {")],
+        ),
     ] {
         let path = tmp.file(&format!("{}.jsonl", name.replace(' ', "-")), text);
         let mut expect = expect;
         expect.push(path.clone());
-        with_set(
-            &mut cases,
-            &tmp,
-            name,
-            &[
-                &format!("data.train=\"{path}\""),
-                "reward=[{kind = \"exact\"}]",
-            ],
-            &[],
-        );
+        let train = format!("data.train=\"{path}\"");
+        let mut sets = vec![train.as_str()];
+        if !name.contains("reward terms") && !name.contains("data_source") {
+            sets.push("reward=[{kind = \"exact\"}]");
+        }
+        with_set(&mut cases, &tmp, name, &sets, &[]);
         let last = cases.last_mut().unwrap();
         last.expect = expect;
     }

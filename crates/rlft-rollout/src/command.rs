@@ -159,7 +159,8 @@ impl Drop for LineProcess {
 }
 
 /// A reward computed by an external program. The program reads one JSON object per line on
-/// stdin, `{"prompt", "completion", "ground_truth", "metadata"}`, and writes one number per
+/// stdin, `{"prompt", "completion", "ground_truth", "metadata"}` (`ground_truth` a string, or a
+/// list of strings when the data gives several acceptable answers), and writes one number per
 /// line. Processes are started on demand and reused, at most one per concurrent caller (the
 /// reward pool's workers). One that does not answer within `timeout` is killed, with the
 /// processes it started, and that sample fails; one that exits or writes something other
@@ -205,6 +206,16 @@ impl CommandReward {
     }
 }
 
+/// The ground truth a command sees: the answer, or the list of every acceptable answer when
+/// there are several.
+fn ground_truth(x: &RewardInput) -> serde_json::Value {
+    if x.alternatives.is_empty() {
+        x.answer.clone().into()
+    } else {
+        x.answers().into()
+    }
+}
+
 impl Reward for CommandReward {
     fn name(&self) -> &str {
         &self.name
@@ -219,7 +230,7 @@ impl Reward for CommandReward {
         let line = serde_json::json!({
             "prompt": x.prompt,
             "completion": x.completion,
-            "ground_truth": x.answer,
+            "ground_truth": ground_truth(x),
             "metadata": x.metadata,
         })
         .to_string();

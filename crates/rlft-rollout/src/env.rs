@@ -375,6 +375,7 @@ mod tests {
         Example {
             prompt: Prompt::Text(String::new()),
             answer: String::new(),
+            alternatives: Vec::new(),
             completion: None,
             metadata: serde_json::Value::Null,
         }

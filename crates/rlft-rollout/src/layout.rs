@@ -284,7 +284,7 @@ mod tests {
 
     #[test]
     fn rows_packed_end_to_end_with_row_ids_and_positions_per_row() {
-        let device = Device::default();
+        let device = Device::flex();
         let a: Vec<u32> = vec![1, 2, 3, 10];
         let b: Vec<u32> = vec![4, 11];
         let c: Vec<u32> = vec![5, 12];
@@ -308,7 +308,7 @@ mod tests {
 
     #[test]
     fn rows_with_one_prompt_share_a_single_copy_of_it() {
-        let device = Device::default();
+        let device = Device::flex();
         let a: Vec<u32> = vec![1, 2, 10, 11];
         let b: Vec<u32> = vec![1, 2, 20];
         let c: Vec<u32> = vec![3, 30];
@@ -332,7 +332,7 @@ mod tests {
 
     #[test]
     fn per_token_values_laid_out_per_row_with_zeros_past_each_response() {
-        let device = Device::default();
+        let device = Device::flex();
         let a: Vec<u32> = vec![1, 2, 3, 10, 20];
         let b: Vec<u32> = vec![4, 11];
         let e: Vec<u32> = vec![6];
@@ -356,7 +356,7 @@ mod tests {
 
     #[test]
     fn packed_rows_score_as_if_each_were_alone() {
-        let device = Device::default();
+        let device = Device::flex();
         let model = TransformerConfig::new(50, 32, 64, 2, 4, 2, 8).init_seeded(&device, 3);
         // Rows 0 and 4 share a prompt, as do rows 2 and 5 and rows 6 and 7 (empty).
         let rows: Vec<(Vec<u32>, usize)> = vec![

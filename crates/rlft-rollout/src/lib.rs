@@ -32,8 +32,8 @@ pub use sampler::{
     Completion, FinishReason, KvOnUpdate, Sampler, SamplingConfig, Updated, Updates, WeightUpdate,
 };
 pub use scorers::{
-    DapoScore, Gsm8kMethod, ParityReport, Scored, Scorer, check_golden, check_golden_file, gsm8k,
-    math_boxed, math_dapo, qa_em,
+    BySource, DapoScore, Gsm8kMethod, ParityReport, Scored, Scorer, check_golden,
+    check_golden_file, gsm8k, math_boxed, math_dapo, qa_em,
 };
 pub use task::{Split, Task, TaskKind};
 

@@ -313,6 +313,7 @@ pub fn rollout_updating(
                 prompt: ex.prompt.user_text().to_string(),
                 completion: tokenizer.decode(&e.context[e.prompt_len..], true)?,
                 answer: ex.answer.clone(),
+                alternatives: ex.alternatives.clone(),
                 metadata: ex.metadata.clone(),
                 response_len: e.loss_mask.iter().filter(|&&m| m == 1).count(),
                 truncated: e.truncated,

@@ -245,6 +245,7 @@ impl Task {
         Example {
             prompt,
             answer,
+            alternatives: Vec::new(),
             completion: None,
             metadata: meta,
         }
@@ -340,6 +341,7 @@ impl crate::Reward for TaskVerifier {
         let ex = Example {
             prompt: Prompt::Text(x.prompt.clone()),
             answer: x.answer.clone(),
+            alternatives: x.alternatives.clone(),
             completion: None,
             metadata: x.metadata.clone(),
         };

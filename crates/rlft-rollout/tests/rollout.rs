@@ -257,6 +257,7 @@ fn observations_stay_out_of_the_loss_mask() {
         Example {
             prompt: Prompt::Text("Hello".into()),
             answer: "1".into(),
+            alternatives: Vec::new(),
             completion: None,
             metadata: serde_json::Value::Null,
         },
@@ -265,6 +266,7 @@ fn observations_stay_out_of_the_loss_mask() {
                 "a very long prompt that has far more than eight tokens in it".into(),
             ),
             answer: "1".into(),
+            alternatives: Vec::new(),
             completion: None,
             metadata: serde_json::Value::Null,
         },

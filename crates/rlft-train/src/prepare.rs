@@ -51,8 +51,12 @@ impl Trainer {
                 prox_secs += t0.elapsed().as_secs_f64();
             }
             if let Some(reference) = &self.reference {
-                let lp =
-                    host(ids_plain.logprobs_chunked(reference, Some(temperature), logits_chunk)?);
+                let ids_ref = ids.to_device(&reference.device);
+                let lp = host(ids_ref.logprobs_chunked(
+                    &reference.model,
+                    Some(temperature),
+                    logits_chunk,
+                )?);
                 for (k, &i) in chunk.iter().enumerate() {
                     rows[i].ref_lp = Some(ids.unpack(&lp, k, rows[i].resp_len()));
                 }

@@ -12,7 +12,9 @@ mod data;
 mod keys;
 mod validate;
 
-pub use data::{DataSection, RewardKind, RewardTerm, ToolKind, ToolSpec, correctness_term};
+pub use data::{
+    DataSection, RewardKind, RewardTerm, ToolKind, ToolSpec, correctness_term, effective_terms,
+};
 pub use keys::RESUMABLE_KEYS;
 use keys::{flatten, lowercase_keys_checked, resumable, toml_value};
 
@@ -94,6 +96,9 @@ pub struct ModelSection {
     pub lora: LoraSection,
     /// Add a value head and train a critic (PPO with GAE).
     pub critic: bool,
+    /// The reference model's device (`cpu`, `ndarray`, `cuda:1`, …; default the learner's):
+    /// its weights move there and only its log-probs come back.
+    pub reference_device: Option<String>,
 }
 
 /// A small Llama-style model trained from scratch.

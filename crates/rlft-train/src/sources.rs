@@ -2,12 +2,15 @@
 //! `[[tool]]`s and `[[reward]]` terms, or the built-in task's generator, environment and
 //! verifier.
 
-use crate::recipe::{Recipe, RewardKind, RewardTerm, ToolKind, ToolSpec, correctness_term};
+use crate::recipe::{
+    Recipe, RewardKind, RewardTerm, ToolKind, ToolSpec, correctness_term, effective_terms,
+};
 use crate::{Result, TrainError};
 use rlft_algo::shaping::OverlongPenalty;
 use rlft_model::Tokenizer;
+use rlft_rollout::reward::parse_number;
 use rlft_rollout::{
-    AnswerFormat, Calculator, CommandReward, CommandTool, DataRole, Dataset, Environment,
+    AnswerFormat, BySource, Calculator, CommandReward, CommandTool, DataRole, Dataset, Environment,
     ExactMatch, Example, FormatReward, Gsm8kMethod, LengthPenalty, Named, NamedTool,
     OverlongShaping, RegexMatch, Reward, RewardSet, Scorer, SingleTurn, Split, Task, ToolEnv,
 };
@@ -36,7 +39,8 @@ impl Sources {
     /// the task's problems.
     pub(crate) fn load(recipe: &Recipe, task: &Task, tokenizer: &Tokenizer) -> Result<Self> {
         let columns = recipe.data.columns();
-        let check = |ex: &Example| check_ground_truth(&recipe.reward, &ex.answer);
+        let terms = effective_terms(&recipe.data, &recipe.reward);
+        let check = |ex: &Example| check_ground_truth(&terms, ex);
         let load = |path: &Path, role| -> Result<Dataset> {
             let d = match role {
                 DataRole::Prompts => Dataset::load_checked(path, &columns, role, &check)?,
@@ -117,19 +121,20 @@ fn tool_env(tools: &[ToolSpec]) -> Result<ToolEnv> {
 }
 
 /// The run's rewards and the name of the term that defines accuracy: the recipe's `[[reward]]`
-/// terms when given, else the task's verifier (`correct`); `extra` terms (a library user's)
-/// are added either way.
+/// terms when given (for own data without any, `by_source`), else the task's verifier
+/// (`correct`); `extra` terms (a library user's) are added either way.
 pub(crate) fn rewards(
     recipe: &Recipe,
     task: &Task,
     extra: &[(f64, Arc<dyn Reward>)],
 ) -> Result<(RewardSet, String)> {
-    let (mut set, correct) = if recipe.reward.is_empty() {
+    let terms = effective_terms(&recipe.data, &recipe.reward);
+    let (mut set, correct) = if terms.is_empty() {
         (task.rewards(), "correct".to_string())
     } else {
         let mut set = RewardSet::new();
         let mut longest = Duration::ZERO;
-        for (i, t) in recipe.reward.iter().enumerate() {
+        for (i, t) in terms.iter().enumerate() {
             if let Some(c) = command_timeout(t) {
                 longest = longest.max(c);
             }
@@ -148,10 +153,10 @@ pub(crate) fn rewards(
         if longest + Duration::from_secs(1) > set.timeout {
             set = set.with_timeout(longest + Duration::from_secs(1));
         }
-        let i = correctness_term(&recipe.reward).ok_or_else(|| {
+        let i = correctness_term(&terms).ok_or_else(|| {
             TrainError::Recipe("reward: no term defines accuracy (correctness = true)".into())
         })?;
-        (set, recipe.reward[i].name().to_string())
+        (set, terms[i].name().to_string())
     };
     for (w, r) in extra {
         set = set.with_arc(*w, r.clone());
@@ -159,31 +164,41 @@ pub(crate) fn rewards(
     Ok((set, correct))
 }
 
-/// Whether every verifying term can use `answer` as its ground truth: a term that could never
-/// match it would score every sample of the row 0 without saying why.
-fn check_ground_truth(terms: &[RewardTerm], answer: &str) -> std::result::Result<(), String> {
+/// Whether every verifying term can score the row: `by_source` finds a scorer for its
+/// `data_source`, and each answer is one the term can match (a term that never could would
+/// score every sample of the row 0 without saying why).
+fn check_ground_truth(terms: &[RewardTerm], ex: &Example) -> std::result::Result<(), String> {
     for t in terms {
         let (kind, name) = (t.kind.as_str(), t.name());
-        let numeric = match t.kind {
-            RewardKind::Gsm8k => true,
-            RewardKind::Exact => {
-                t.format.unwrap_or(AnswerFormat::LastNumber) == AnswerFormat::LastNumber
-            }
-            RewardKind::MathBoxed | RewardKind::MathDapo | RewardKind::QaEm => false,
+        // gsm8k compares strings once commas and `$` are gone, `exact` parses numbers.
+        let gsm8k = |a: &str| a.replace([',', '$'], "").trim().parse::<f64>().is_ok();
+        let exact = |a: &str| parse_number(a).is_some();
+        let numeric: Option<&dyn Fn(&str) -> bool> = match t.kind {
+            RewardKind::Gsm8k => Some(&gsm8k),
+            RewardKind::Exact => (t.format.unwrap_or(AnswerFormat::LastNumber)
+                == AnswerFormat::LastNumber)
+                .then_some(&exact),
+            RewardKind::MathBoxed | RewardKind::MathDapo | RewardKind::QaEm => None,
+            RewardKind::BySource => BySource::new(t.sources.clone().unwrap_or_default())
+                .scorer(&ex.metadata)
+                .map_err(|e| format!("reward term {name:?} ({kind}): {e}"))?
+                .is_numeric()
+                .then_some(&gsm8k),
             _ => continue,
         };
-        if answer.trim().is_empty() {
-            return Err(format!(
-                "the answer (ground truth) is empty; reward term {name:?} ({kind}) needs one"
-            ));
-        }
-        let plain = answer.replace([',', '$'], "");
-        if numeric && plain.trim().parse::<f64>().is_err() {
-            return Err(format!(
-                "the answer {answer:?} is not a number, and reward term {name:?} ({kind}) compares \
-                 numbers; use a text scorer (math_dapo, math_boxed, qa_em, or exact with format = \
-                 \"answer_tag\" or \"boxed\")"
-            ));
+        for answer in ex.answers() {
+            if answer.trim().is_empty() {
+                return Err(format!(
+                    "the answer (ground truth) is empty; reward term {name:?} ({kind}) needs one"
+                ));
+            }
+            if numeric.is_some_and(|parses| !parses(answer)) {
+                return Err(format!(
+                    "the answer {answer:?} is not a number, and reward term {name:?} ({kind}) \
+                     compares numbers; use a text scorer (math_dapo, math_boxed, qa_em, or exact \
+                     with format = \"answer_tag\" or \"boxed\")"
+                ));
+            }
         }
     }
     Ok(())
@@ -225,6 +240,7 @@ fn term(t: &RewardTerm, max_new_tokens: usize) -> std::result::Result<Arc<dyn Re
             )
             .map_err(|e| e.to_string())?,
         )),
+        RewardKind::BySource => Arc::new(BySource::new(t.sources.clone().unwrap_or_default())),
         RewardKind::Command => Arc::new(CommandReward::new(
             t.name(),
             t.command.clone().ok_or_else(|| missing("command"))?,

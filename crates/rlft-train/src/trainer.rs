@@ -90,6 +90,13 @@ impl Row {
     }
 }
 
+/// The frozen reference policy and the device it lives on (`model.reference_device`, default
+/// the learner's plain device).
+pub(crate) struct Reference {
+    pub(crate) model: Transformer,
+    pub(crate) device: Device,
+}
+
 /// A trainer built from a recipe.
 pub struct Trainer {
     pub(crate) recipe: Recipe,
@@ -99,7 +106,7 @@ pub struct Trainer {
     /// that its parameters are updated in place ([`Trainer::policy`]).
     pub(crate) policy: Option<Transformer>,
     pub(crate) critic: Option<ValueModel>,
-    pub(crate) reference: Option<Transformer>,
+    pub(crate) reference: Option<Reference>,
     /// The tokenizer.
     pub tokenizer: Tokenizer,
     pub(crate) config: TransformerConfig,
@@ -239,7 +246,18 @@ impl Trainer {
         } else {
             policy
         };
-        let reference = (recipe.algorithm.kl_coef > 0.0).then(|| policy.reference_copy(&plain));
+        let reference = if recipe.algorithm.kl_coef > 0.0 {
+            let device = match &recipe.model.reference_device {
+                Some(d) => rlft_algo::device::parse(d)?,
+                None => plain.clone(),
+            };
+            Some(Reference {
+                model: policy.reference_copy(&device),
+                device,
+            })
+        } else {
+            None
+        };
         let critic = recipe
             .model
             .critic

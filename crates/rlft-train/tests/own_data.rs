@@ -110,22 +110,22 @@ fn write_jsonl(path: &Path, rows: &[Value]) {
     std::fs::write(path, text.join("\n") + "\n").unwrap();
 }
 
-/// A command reward (POSIX sh): 1 when the ground truth it is sent is "7", else 0; it also
-/// shows that the JSON line carries the metadata.
-fn scorer(dir: &Path) -> PathBuf {
-    let path = dir.join("score.sh");
-    std::fs::write(
-        &path,
-        r#"while read -r line; do
-  case "$line" in
-    *'"ground_truth":"7"'*'"metadata":{'*) echo 1 ;;
-    *) echo 0 ;;
-  esac
-done
-"#,
-    )
-    .unwrap();
+/// A command reward (POSIX sh) in `dir/file`: 1 for a JSON line matching the `case` pattern
+/// `accept`, else 0.
+fn case_scorer(dir: &Path, file: &str, accept: &str) -> PathBuf {
+    let path = dir.join(file);
+    let script = format!(
+        "while read -r line; do\n  case \"$line\" in\n    {accept}) echo 1 ;;\n    *) echo 0 ;;\n  \
+         esac\ndone\n"
+    );
+    std::fs::write(&path, script).unwrap();
     path
+}
+
+/// 1 when the ground truth it is sent is "7", else 0; it also shows that the JSON line carries
+/// the metadata.
+fn scorer(dir: &Path) -> PathBuf {
+    case_scorer(dir, "score.sh", r#"*'"ground_truth":"7"'*'"metadata":{'*"#)
 }
 
 /// The recipe: tiny-llama (it has a chat template), 2 steps, the files given, `math_dapo`
@@ -309,6 +309,55 @@ fn jsonl_in_trl_layout() {
     for key in ["tool/calc/calls", "tool/calc/errors", "tool/lookup/calls"] {
         assert!(m[1].contains_key(key), "{key} missing from {:?}", m[1]);
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn verl_data_sources_and_target_lists() {
+    let dir = tmp("sources");
+    let train = dir.join("train.jsonl");
+    // Search-R1 rows carry several acceptable answers; gsm8k rows one.
+    let rows: Vec<Value> = (0..4)
+        .map(|i| {
+            let (source, truth) = if i % 2 == 0 {
+                ("searchR1_nq", json!({"target": ["x", "7"]}))
+            } else {
+                ("openai/gsm8k", json!("7"))
+            };
+            json!({
+                "data_source": source,
+                "prompt": [{"role": "user", "content": format!("question {i}")}],
+                "reward_model": {"ground_truth": truth, "style": "rule"},
+            })
+        })
+        .collect();
+    write_jsonl(&train, &rows);
+    // No [[reward]] terms: verl's default reward, the scorer named by each row's data_source.
+    let mut r = recipe(&dir, &train, &train);
+    r.reward.clear();
+    let m = run(r);
+    for step in &m[1..] {
+        for key in ["reward/by_source", "reward/total", "accuracy"] {
+            assert!(step.contains_key(key), "{key} missing from {step:?}");
+        }
+    }
+    assert!(m.last().unwrap().contains_key("eval/searchR1_nq/accuracy"));
+    std::fs::remove_dir_all(dir.join("run")).unwrap();
+    // A command term sees every acceptable answer: 1 for ["x","7"] and for "7".
+    let script = case_scorer(
+        &dir,
+        "lists.sh",
+        r#"*'"ground_truth":["x","7"]'*|*'"ground_truth":"7"'*"#,
+    );
+    let mut r = recipe(&dir, &train, &train);
+    r.reward[0] = rlft_train::recipe::RewardTerm::new(rlft_train::recipe::RewardKind::BySource);
+    r.reward[1].command = Some(vec!["sh".into(), script.display().to_string()]);
+    let m = run(r);
+    for step in &m[1..] {
+        assert_eq!(step["reward/gt7"], json!(1.0), "{step:?}");
+        assert!(step.contains_key("reward/by_source"));
+    }
+    assert_eq!(m.last().unwrap()["eval/accuracy"], json!(1.0));
     std::fs::remove_dir_all(&dir).ok();
 }
 

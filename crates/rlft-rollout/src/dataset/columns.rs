@@ -34,7 +34,8 @@ pub struct Columns {
     /// The prompt: a string or a list of `{role, content}` messages.
     pub prompt: Option<String>,
     /// The answer (ground truth), a dotted path for a field of a struct column
-    /// (`reward_model.ground_truth`); a string or a number.
+    /// (`reward_model.ground_truth`); a string, a number, a list of them (any is accepted) or
+    /// verl's `{"target": [...]}`.
     pub answer: Option<String>,
     /// The demonstration for supervised warm-up: a string or assistant messages.
     pub completion: Option<String>,
@@ -48,6 +49,40 @@ fn lookup<'a>(row: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
         v = v.as_object()?.get(p)?;
     }
     (!v.is_null()).then_some(v)
+}
+
+/// The acceptable answers in an answer cell: a string or a number; a non-empty list of them
+/// (any is accepted); or verl's Search-R1 `{"target": ...}` holding either.
+fn ground_truth(v: &Value) -> Result<(String, Vec<String>), String> {
+    const EXPECTED: &str = "the answer must be a string, a number, a list of them or \
+                            {\"target\": ...}";
+    let one = |v: &Value| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(x) => Some(x.to_string()),
+        _ => None,
+    };
+    match v {
+        Value::Object(m) if m.contains_key("target") => match &m["target"] {
+            Value::Object(_) => Err(format!("{EXPECTED}; \"target\" holds an object")),
+            t => ground_truth(t),
+        },
+        Value::Array(items) => {
+            let mut all = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                all.push(one(item).ok_or_else(|| {
+                    format!("{EXPECTED}; item {i} of the list is {}", type_name(item))
+                })?);
+            }
+            if all.is_empty() {
+                return Err(format!("{EXPECTED}; got an empty list"));
+            }
+            let first = all.remove(0);
+            Ok((first, all))
+        }
+        other => one(other)
+            .map(|a| (a, Vec::new()))
+            .ok_or_else(|| format!("{EXPECTED}, got {}", type_name(other))),
+    }
 }
 
 /// A JSON type's name, for errors.
@@ -150,19 +185,12 @@ impl Columns {
                 .find(|c| lookup(row, c).is_some())
                 .ok_or(""),
         };
-        let answer = match (answer_col, role) {
+        let (answer, alternatives) = match (answer_col, role) {
             (Ok(c), _) => match lookup(row, c) {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Number(x)) => x.to_string(),
-                Some(other) => {
-                    return Err(format!(
-                        "column \"{c}\": the answer must be a string or a number, got {}",
-                        type_name(other)
-                    ));
-                }
+                Some(v) => ground_truth(v).map_err(|e| format!("column \"{c}\": {e}"))?,
                 None => unreachable!("found above"),
             },
-            (Err(_), DataRole::Demonstrations) => String::new(),
+            (Err(_), DataRole::Demonstrations) => (String::new(), Vec::new()),
             (Err(""), DataRole::Prompts) => {
                 return Err(format!(
                     "no answer: looked for columns {}; {} (name the column with \
@@ -220,6 +248,7 @@ impl Columns {
         Ok(Example {
             prompt,
             answer,
+            alternatives,
             completion,
             metadata: Value::Object(metadata),
         })
@@ -282,6 +311,28 @@ mod tests {
     }
 
     #[test]
+    fn list_and_target_ground_truths_give_alternatives() {
+        let d = Columns::default();
+        for (v, first, rest) in [
+            (
+                json!(["Paris", "paris, france", 3]),
+                "Paris",
+                vec!["paris, france", "3"],
+            ),
+            (json!({"target": ["a", "b"]}), "a", vec!["b"]),
+            (json!({"target": "a"}), "a", vec![]),
+            (json!([7]), "7", vec![]),
+        ] {
+            let r = row(json!({"prompt": "Q", "reward_model": {"ground_truth": v.clone()}}));
+            let ex = d.example(&r, DataRole::Prompts).unwrap();
+            assert_eq!(ex.answer, first, "{v}");
+            assert_eq!(ex.alternatives, rest, "{v}");
+            let all: Vec<&str> = ex.answers().collect();
+            assert_eq!(all.len(), 1 + rest.len());
+        }
+    }
+
+    #[test]
     fn errors_name_the_column() {
         let d = Columns::default();
         for (r, role, want) in [
@@ -293,9 +344,25 @@ mod tests {
                 "column \"prompt\"",
             ),
             (
-                json!({"prompt": "a", "answer": [1]}),
+                json!({"prompt": "a", "answer": []}),
                 DataRole::Prompts,
-                "column \"answer\"",
+                "column \"answer\": the answer must be a string, a number, a list of them or \
+                 {\"target\": ...}; got an empty list",
+            ),
+            (
+                json!({"prompt": "a", "answer": ["x", {"y": 1}]}),
+                DataRole::Prompts,
+                "item 1 of the list is an object",
+            ),
+            (
+                json!({"prompt": "a", "answer": {"y": 1}}),
+                DataRole::Prompts,
+                "got an object",
+            ),
+            (
+                json!({"prompt": "a", "answer": true}),
+                DataRole::Prompts,
+                "got a boolean",
             ),
             (
                 json!({"prompt": " ", "answer": 1}),

@@ -50,6 +50,10 @@ pub struct Example {
     pub prompt: Prompt,
     /// The reference answer the verifier checks against (empty for demonstrations without one).
     pub answer: String,
+    /// Further acceptable answers, when the answer column holds a list (the first is
+    /// [`Example::answer`]) or verl's `{"target": [...]}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternatives: Vec<String>,
     /// A demonstration, for the supervised warm-up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion: Option<String>,
@@ -59,6 +63,11 @@ pub struct Example {
 }
 
 impl Example {
+    /// Every acceptable answer: [`Example::answer`], then the alternatives.
+    pub fn answers(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.answer.as_str()).chain(self.alternatives.iter().map(String::as_str))
+    }
+
     /// The example's `data_source` column, when it has one (per-source evaluation).
     pub fn data_source(&self) -> Option<&str> {
         self.metadata.get("data_source")?.as_str()
@@ -360,9 +369,9 @@ mod tests {
             ),
             ("{\"answer\": 1}", 1, "no prompt"),
             (
-                "{\"prompt\": \"a\", \"answer\": [1]}",
+                "{\"prompt\": \"a\", \"answer\": [[1]]}",
                 1,
-                "string or a number",
+                "item 0 of the list is a list",
             ),
             ("[1, 2]", 1, "expected a JSON object"),
         ] {

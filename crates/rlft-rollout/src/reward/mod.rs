@@ -27,12 +27,26 @@ pub struct RewardInput {
     pub completion: String,
     /// The reference answer.
     pub answer: String,
+    /// Further acceptable answers, when the ground truth is a list (`["Paris", "Paris,
+    /// France"]`, verl's Search-R1 `{"target": [...]}`): a verifying term accepts any of
+    /// [`RewardInput::answers`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternatives: Vec<String>,
     /// Dataset metadata.
     pub metadata: serde_json::Value,
     /// Generated tokens (observation tokens excluded).
     pub response_len: usize,
     /// Cut off by the length limit.
     pub truncated: bool,
+}
+
+impl RewardInput {
+    /// Every acceptable answer: [`RewardInput::answer`], then the alternatives.
+    pub fn answers(&self) -> Vec<&str> {
+        std::iter::once(self.answer.as_str())
+            .chain(self.alternatives.iter().map(String::as_str))
+            .collect()
+    }
 }
 
 /// A reward function. Implement it to add your own; `Err` marks the sample failed. It runs on

@@ -105,9 +105,11 @@ impl Reward for ExactMatch {
         "correct"
     }
     fn score(&self, x: &RewardInput) -> Result<f64, String> {
-        Ok(f64::from(u8::from(
-            self.is_correct(&x.completion, &x.answer),
-        )))
+        let any = x
+            .answers()
+            .iter()
+            .any(|a| self.is_correct(&x.completion, a));
+        Ok(f64::from(u8::from(any)))
     }
 }
 

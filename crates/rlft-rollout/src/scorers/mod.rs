@@ -16,6 +16,7 @@ macro_rules! cached_regex {
     }};
 }
 
+mod by_source;
 mod golden;
 pub mod gsm8k;
 pub mod math_dapo;
@@ -23,6 +24,7 @@ pub mod math_reward;
 mod py;
 pub mod qa_em;
 
+pub use by_source::BySource;
 pub use golden::{
     ExpectedScore, GoldenCase, ParityFailure, ParityReport, check_golden, check_golden_file,
 };
@@ -35,7 +37,8 @@ use crate::reward::{Reward, RewardInput};
 use crate::{Result, RolloutError};
 
 /// One of the ported scorers, by the name verl's golden cases use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Scorer {
     /// `gsm8k_strict`: [`gsm8k()`] with [`Gsm8kMethod::Strict`].
     Gsm8kStrict,
@@ -83,6 +86,62 @@ impl Scorer {
         }
     }
 
+    /// The scorer verl 0.9.1's `default_compute_score` picks for a `data_source`:
+    /// `openai/gsm8k` → gsm8k (strict); `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval`,
+    /// `HuggingFaceH4/MATH-500` → math_boxed; `math_dapo`, `math`, `math_dapo_reasoning` and
+    /// every source starting with `aime` → math_dapo; the seven `searchR1_*` sources → qa_em.
+    /// `None` for the sources verl scores with code it runs elsewhere (numina's prime_math, code
+    /// sandboxes, geometry3k) and for every other name.
+    pub fn for_data_source(source: &str) -> Option<Scorer> {
+        const SEARCH_R1: [&str; 7] = [
+            "searchR1_nq",
+            "searchR1_triviaqa",
+            "searchR1_popqa",
+            "searchR1_hotpotqa",
+            "searchR1_2wikimultihopqa",
+            "searchR1_musique",
+            "searchR1_bamboogle",
+        ];
+        match source {
+            "openai/gsm8k" => Some(Scorer::Gsm8kStrict),
+            "lighteval/MATH" | "DigitalLearningGmbH/MATH-lighteval" | "HuggingFaceH4/MATH-500" => {
+                Some(Scorer::MathBoxed)
+            }
+            "math_dapo" | "math" | "math_dapo_reasoning" => Some(Scorer::MathDapo),
+            s if s.starts_with("aime") => Some(Scorer::MathDapo),
+            s if SEARCH_R1.contains(&s) => Some(Scorer::QaEm),
+            _ => None,
+        }
+    }
+
+    /// Whether the scorer compares numbers (so a ground truth must parse as one).
+    pub fn is_numeric(self) -> bool {
+        matches!(self, Scorer::Gsm8kStrict | Scorer::Gsm8kFlexible)
+    }
+
+    /// Scores `solution` against several acceptable answers: `qa_em` as verl's Search-R1
+    /// `compute_score` with a `target` list (a match with any), the others by the best score
+    /// over the answers. An empty list scores as one empty answer.
+    pub fn score_any(self, solution: &str, answers: &[&str]) -> Scored {
+        if self == Scorer::QaEm {
+            let pred = qa_em::extract_solution(solution);
+            let correct = pred.as_deref().is_some_and(|p| qa_em::em_check(p, answers));
+            return Scored {
+                score: if correct { 1.0 } else { 0.0 },
+                acc: None,
+                pred,
+            };
+        }
+        let mut best: Option<Scored> = None;
+        for a in answers {
+            let s = self.score(solution, a);
+            if best.as_ref().is_none_or(|b| s.score > b.score) {
+                best = Some(s);
+            }
+        }
+        best.unwrap_or_else(|| self.score(solution, ""))
+    }
+
     /// Scores `solution` against `ground_truth`.
     pub fn score(self, solution: &str, ground_truth: &str) -> Scored {
         let plain = |score| Scored {
@@ -102,17 +161,7 @@ impl Scorer {
                     pred: Some(d.pred),
                 }
             }
-            Scorer::QaEm => {
-                let pred = qa_em::extract_solution(solution);
-                let correct = pred
-                    .as_deref()
-                    .is_some_and(|p| qa_em::em_check(p, &[ground_truth]));
-                Scored {
-                    score: if correct { 1.0 } else { 0.0 },
-                    acc: None,
-                    pred,
-                }
-            }
+            Scorer::QaEm => self.score_any(solution, &[ground_truth]),
         }
     }
 }
@@ -142,13 +191,13 @@ impl std::str::FromStr for Scorer {
     }
 }
 
-/// The scorer as a reward term named after it: the completion against the reference answer.
+/// The scorer as a reward term named after it: the completion against the reference answers.
 impl Reward for Scorer {
     fn name(&self) -> &str {
         self.as_str()
     }
     fn score(&self, input: &RewardInput) -> Result<f64, String> {
-        Ok(Scorer::score(*self, &input.completion, &input.answer).score)
+        Ok(self.score_any(&input.completion, &input.answers()).score)
     }
 }
 
@@ -192,5 +241,47 @@ mod tests {
         };
         assert_eq!(Reward::score(&Scorer::MathBoxed, &input), Ok(1.0));
         assert_eq!(Reward::name(&Scorer::MathBoxed), "math_boxed");
+    }
+
+    #[test]
+    fn any_of_several_answers_counts() {
+        let q = Scorer::QaEm.score_any("<answer>the Big Apple</answer>", &["NYC", "big apple"]);
+        assert_eq!((q.score, q.pred.as_deref()), (1.0, Some("the Big Apple")));
+        let q = Scorer::QaEm.score_any("<answer>Boston</answer>", &["NYC", "big apple"]);
+        assert_eq!(q.score, 0.0);
+        let d = Scorer::MathDapo.score_any("Answer: 6", &["5", "6"]);
+        assert_eq!((d.score, d.acc), (1.0, Some(true)));
+        let d = Scorer::MathDapo.score_any("Answer: 7", &["5", "6"]);
+        assert_eq!((d.score, d.acc), (-1.0, Some(false)));
+        let input = RewardInput {
+            completion: "#### 12".into(),
+            answer: "11".into(),
+            alternatives: vec!["12".into()],
+            ..Default::default()
+        };
+        assert_eq!(Reward::score(&Scorer::Gsm8kStrict, &input), Ok(1.0));
+    }
+
+    #[test]
+    fn data_sources_map_as_in_verl() {
+        for (source, want) in [
+            ("openai/gsm8k", Some(Scorer::Gsm8kStrict)),
+            ("lighteval/MATH", Some(Scorer::MathBoxed)),
+            (
+                "DigitalLearningGmbH/MATH-lighteval",
+                Some(Scorer::MathBoxed),
+            ),
+            ("HuggingFaceH4/MATH-500", Some(Scorer::MathBoxed)),
+            ("math_dapo", Some(Scorer::MathDapo)),
+            ("math", Some(Scorer::MathDapo)),
+            ("aime2024", Some(Scorer::MathDapo)),
+            ("searchR1_nq", Some(Scorer::QaEm)),
+            ("searchR1_bamboogle", Some(Scorer::QaEm)),
+            ("numina_olympiads", None),
+            ("hiyouga/geometry3k", None),
+            ("gsm8k", None),
+        ] {
+            assert_eq!(Scorer::for_data_source(source), want, "{source}");
+        }
     }
 }

@@ -2,8 +2,9 @@
 //! them) and `[[tool]]` (the tools the model may call), with their checks.
 
 use crate::{Result, TrainError};
-use rlft_rollout::{AnswerFormat, Columns, Gsm8kMethod};
+use rlft_rollout::{AnswerFormat, Columns, Gsm8kMethod, Scorer};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Your own data: JSONL or Parquet files in TRL's or verl's layout.
@@ -61,6 +62,11 @@ pub enum RewardKind {
     Overlong,
     /// An external program (`command`), one JSON object per line in, one number per line out.
     Command,
+    /// verl's default reward: the scorer picked per row by its `data_source` (`openai/gsm8k`
+    /// → gsm8k, `lighteval/MATH` → math_boxed, `math_dapo`/`aime*` → math_dapo, `searchR1_*` →
+    /// qa_em), with `sources` for your own names. Own data without `[[reward]]` terms is
+    /// scored by it.
+    BySource,
 }
 
 impl RewardKind {
@@ -69,7 +75,12 @@ impl RewardKind {
     pub fn is_verifiable(self) -> bool {
         matches!(
             self,
-            Self::Gsm8k | Self::MathBoxed | Self::MathDapo | Self::QaEm | Self::Exact
+            Self::Gsm8k
+                | Self::MathBoxed
+                | Self::MathDapo
+                | Self::QaEm
+                | Self::Exact
+                | Self::BySource
         )
     }
 
@@ -86,6 +97,7 @@ impl RewardKind {
             Self::Length => "length",
             Self::Overlong => "overlong",
             Self::Command => "command",
+            Self::BySource => "by_source",
         }
     }
 }
@@ -136,6 +148,10 @@ pub struct RewardTerm {
     /// `command`: seconds per sample before the process is killed (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
+    /// `by_source`: your own `data_source` names and the scorer of each (`gsm8k_strict`,
+    /// `gsm8k_flexible`, `math_boxed`, `math_dapo`, `qa_em`), before verl's table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sources: Option<BTreeMap<String, Scorer>>,
 }
 
 fn one() -> f64 {
@@ -146,13 +162,34 @@ fn one() -> f64 {
 const RESERVED: [&str; 5] = ["mean", "std", "failed", "timeouts", "total"];
 
 impl RewardTerm {
+    /// A term of `kind` with weight 1 and no options.
+    pub fn new(kind: RewardKind) -> Self {
+        Self {
+            kind,
+            weight: 1.0,
+            name: None,
+            correctness: None,
+            method: None,
+            format: None,
+            pattern: None,
+            target: None,
+            coef: None,
+            max_len: None,
+            cache_len: None,
+            factor: None,
+            command: None,
+            timeout_s: None,
+            sources: None,
+        }
+    }
+
     /// The metric name.
     pub fn name(&self) -> &str {
         self.name.as_deref().unwrap_or(self.kind.as_str())
     }
 
     /// The options this term sets, by key.
-    fn options(&self) -> [(&'static str, bool); 10] {
+    fn options(&self) -> [(&'static str, bool); 11] {
         [
             ("method", self.method.is_some()),
             ("format", self.format.is_some()),
@@ -164,6 +201,7 @@ impl RewardTerm {
             ("factor", self.factor.is_some()),
             ("command", self.command.is_some()),
             ("timeout_s", self.timeout_s.is_some()),
+            ("sources", self.sources.is_some()),
         ]
     }
 
@@ -177,6 +215,7 @@ impl RewardTerm {
             RewardKind::Length => (&["target", "coef"], &["target"]),
             RewardKind::Overlong => (&["max_len", "cache_len", "factor"], &["cache_len"]),
             RewardKind::Command => (&["command", "timeout_s"], &["command"]),
+            RewardKind::BySource => (&["sources"], &[]),
         }
     }
 
@@ -245,6 +284,11 @@ impl RewardTerm {
             && !(t.is_finite() && t > 0.0 && t <= 3600.0)
         {
             return bad(format!("timeout_s must be in (0, 3600] seconds, got {t}"));
+        }
+        if let Some(m) = &self.sources
+            && m.keys().any(|k| k.trim().is_empty())
+        {
+            return bad("sources: a data_source name is empty".into());
         }
         Ok(())
     }
@@ -344,7 +388,7 @@ pub(super) fn check_tools(tools: &[ToolSpec]) -> Result<()> {
 }
 
 /// Checks `[data]` and `[[reward]]` together: each term's options, unique names, one
-/// correctness term; own data needs its reward terms.
+/// correctness term.
 pub(super) fn check(data: &DataSection, terms: &[RewardTerm], max_new_tokens: usize) -> Result<()> {
     let bad = |key: &str, msg: String| Err(TrainError::Recipe(format!("{key}: {msg}")));
     for (key, col) in [
@@ -364,14 +408,6 @@ pub(super) fn check(data: &DataSection, terms: &[RewardTerm], max_new_tokens: us
         if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
             return bad(key, "must be a file path (or leave it out)".into());
         }
-    }
-    if data.train.is_some() && terms.is_empty() {
-        return bad(
-            "data.train",
-            "your data needs reward terms: add e.g. [[reward]] kind = \"math_dapo\" (or gsm8k, \
-             math_boxed, qa_em, exact, regex, format, length, overlong, command)"
-                .into(),
-        );
     }
     let mut names: Vec<&str> = Vec::new();
     for (i, t) in terms.iter().enumerate() {
@@ -418,6 +454,16 @@ pub(super) fn check(data: &DataSection, terms: &[RewardTerm], max_new_tokens: us
         );
     }
     Ok(())
+}
+
+/// The reward terms a run scores with: the recipe's, or for own data without any, verl's
+/// default (`by_source`: the scorer named by each row's `data_source`).
+pub fn effective_terms(data: &DataSection, terms: &[RewardTerm]) -> Vec<RewardTerm> {
+    if terms.is_empty() && data.train.is_some() {
+        vec![RewardTerm::new(RewardKind::BySource)]
+    } else {
+        terms.to_vec()
+    }
 }
 
 /// The index of the term that defines accuracy: the one marked `correctness = true`, else the

@@ -247,6 +247,19 @@ impl Recipe {
         if let Err((key, e)) = self.asynchrony.check() {
             return bad(key, e);
         }
+        if let Some(d) = &self.model.reference_device {
+            if self.algorithm.kl_coef == 0.0 {
+                return bad(
+                    "model.reference_device",
+                    "there is no reference model with algorithm.kl_coef = 0; remove it or set \
+                     kl_coef > 0"
+                        .into(),
+                );
+            }
+            if let Err(e) = rlft_algo::device::parse(d) {
+                return bad("model.reference_device", e.to_string());
+            }
+        }
         if let Some(d) = &self.rollout.device {
             if self.asynchrony.mode != crate::staleness::AsyncMode::Async {
                 return bad(
