@@ -40,7 +40,9 @@ impl Sources {
     pub(crate) fn load(recipe: &Recipe, task: &Task, tokenizer: &Tokenizer) -> Result<Self> {
         let columns = recipe.data.columns();
         let terms = effective_terms(&recipe.data, &recipe.reward);
-        let check = |ex: &Example| check_ground_truth(&terms, ex);
+        // Built once, not per row.
+        let by_source: Vec<Option<BySource>> = terms.iter().map(by_source).collect();
+        let check = |ex: &Example| check_ground_truth(&terms, &by_source, ex);
         let load = |path: &Path, role| -> Result<Dataset> {
             let d = match role {
                 DataRole::Prompts => Dataset::load_checked(path, &columns, role, &check)?,
@@ -164,26 +166,35 @@ pub(crate) fn rewards(
     Ok((set, correct))
 }
 
-/// Whether every verifying term can score the row: `by_source` finds a scorer for its
-/// `data_source`, and each answer is one the term can match (a term that never could would
-/// score every sample of the row 0 without saying why).
-fn check_ground_truth(terms: &[RewardTerm], ex: &Example) -> std::result::Result<(), String> {
-    for t in terms {
+/// The term's [`BySource`] when it is `kind = "by_source"`.
+fn by_source(t: &RewardTerm) -> Option<BySource> {
+    (t.kind == RewardKind::BySource).then(|| BySource::new(t.sources.clone().unwrap_or_default()))
+}
+
+/// Whether every verifying term can score the row: `by_source` (the term's [`BySource`], at
+/// the same index) finds a scorer for its `data_source`, and each answer is one the term can
+/// match (a term that never could would score every sample of the row 0 without saying why).
+fn check_ground_truth(
+    terms: &[RewardTerm],
+    by_source: &[Option<BySource>],
+    ex: &Example,
+) -> std::result::Result<(), String> {
+    for (t, by_source) in terms.iter().zip(by_source) {
         let (kind, name) = (t.kind.as_str(), t.name());
         // gsm8k compares strings once commas and `$` are gone, `exact` parses numbers.
         let gsm8k = |a: &str| a.replace([',', '$'], "").trim().parse::<f64>().is_ok();
         let exact = |a: &str| parse_number(a).is_some();
-        let numeric: Option<&dyn Fn(&str) -> bool> = match t.kind {
-            RewardKind::Gsm8k => Some(&gsm8k),
-            RewardKind::Exact => (t.format.unwrap_or(AnswerFormat::LastNumber)
-                == AnswerFormat::LastNumber)
-                .then_some(&exact),
-            RewardKind::MathBoxed | RewardKind::MathDapo | RewardKind::QaEm => None,
-            RewardKind::BySource => BySource::new(t.sources.clone().unwrap_or_default())
+        let numeric: Option<&dyn Fn(&str) -> bool> = match (t.kind, by_source) {
+            (_, Some(b)) => b
                 .scorer(&ex.metadata)
                 .map_err(|e| format!("reward term {name:?} ({kind}): {e}"))?
                 .is_numeric()
                 .then_some(&gsm8k),
+            (RewardKind::Gsm8k, _) => Some(&gsm8k),
+            (RewardKind::Exact, _) => (t.format.unwrap_or(AnswerFormat::LastNumber)
+                == AnswerFormat::LastNumber)
+                .then_some(&exact),
+            (RewardKind::MathBoxed | RewardKind::MathDapo | RewardKind::QaEm, _) => None,
             _ => continue,
         };
         for answer in ex.answers() {
@@ -240,7 +251,7 @@ fn term(t: &RewardTerm, max_new_tokens: usize) -> std::result::Result<Arc<dyn Re
             )
             .map_err(|e| e.to_string())?,
         )),
-        RewardKind::BySource => Arc::new(BySource::new(t.sources.clone().unwrap_or_default())),
+        RewardKind::BySource => Arc::new(by_source(t).unwrap_or_default()),
         RewardKind::Command => Arc::new(CommandReward::new(
             t.name(),
             t.command.clone().ok_or_else(|| missing("command"))?,

@@ -3,13 +3,12 @@
 //! have loaded with a non-zero natural width. Chromium is required (`.ci/run` installs Debian's
 //! `chromium`; `RLFT_CHROMIUM` names another binary): without it the test fails.
 
-use rlft_train::{Recipe, Trainer};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::root;
+use rlft_train::{Recipe, Trainer};
+use std::path::PathBuf;
+use std::process::Command;
 
 fn chromium() -> PathBuf {
     let candidates = std::env::var_os("RLFT_CHROMIUM")
@@ -35,23 +34,7 @@ fn chromium() -> PathBuf {
 fn every_image_of_the_report_loads_in_chromium() {
     let run = std::env::temp_dir().join(format!("rlft-report-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&run);
-    let sets: Vec<String> = vec![
-        format!("output_dir=\"{}\"", run.display()),
-        "device=\"flex\"".into(),
-        "schedule.steps=2".into(),
-        "sft.steps=0".into(),
-        "rollout.prompts_per_step=2".into(),
-        "rollout.group_size=2".into(),
-        "rollout.max_new_tokens=4".into(),
-        "rollout.max_total_tokens=4".into(),
-        "algorithm.micro_batch_size=4".into(),
-        "eval.size=2".into(),
-        "eval.k=1".into(),
-        "checkpoint.export_final=false".into(),
-        "logging.progress=false".into(),
-        "async.mode=\"lagged\"".into(),
-        "async.lag=1".into(),
-    ];
+    let sets = common::tiny_lagged_run(&run, 2);
     let recipe = Recipe::load(&root().join("recipes/quickstart.toml"), &sets).unwrap();
     Trainer::new(recipe, None).unwrap().run(None).unwrap();
     let pictures = rlft_train::plot::plot_run(&run, None).unwrap();

@@ -2,14 +2,13 @@
 //! checked here, the `Event` protobuf decoded by hand. Every scalar of `metrics.jsonl` is found
 //! at its step, once, also after a resume from an earlier checkpoint.
 
+mod common;
+
+use common::root;
 use rlft_train::{Recipe, Trainer};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), bit by bit.
 fn crc32c(data: &[u8]) -> u32 {
@@ -146,28 +145,13 @@ fn tb_files(run: &Path) -> Vec<PathBuf> {
 fn every_scalar_once_at_its_step_also_after_a_resume() {
     let run = std::env::temp_dir().join(format!("rlft-tb-run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&run);
-    let sets = vec![
-        format!("output_dir=\"{}\"", run.display()),
-        "device=\"flex\"".into(),
-        "schedule.steps=4".into(),
-        "sft.steps=0".into(),
-        "rollout.prompts_per_step=2".into(),
-        "rollout.group_size=2".into(),
-        "rollout.max_new_tokens=4".into(),
-        "rollout.max_total_tokens=4".into(),
-        "algorithm.micro_batch_size=4".into(),
-        "eval.size=2".into(),
-        "eval.k=1".into(),
+    let mut sets = common::tiny_lagged_run(&run, 4);
+    sets.extend([
         "eval.every=2".into(),
         "checkpoint.every=2".into(),
         "checkpoint.keep=3".into(),
-        "checkpoint.export_final=false".into(),
-        "logging.progress=false".into(),
         "logging.tensorboard=true".into(),
-        // Staleness histograms too.
-        "async.mode=\"lagged\"".into(),
-        "async.lag=1".into(),
-    ];
+    ]);
     let recipe = || Recipe::load(&root().join("recipes/quickstart.toml"), &sets).unwrap();
     Trainer::new(recipe(), None).unwrap().run(None).unwrap();
     assert_eq!(tb_files(&run).len(), 1);
