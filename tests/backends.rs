@@ -9,6 +9,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use rlft::algo::loss::{LossRegistry, PolicyLossInput};
 use rlft::algo::masked::to_host;
 use rlft::algo::{entropy_from_logits, logprobs_from_logits};
+use rlft::rollout::{SamplingConfig, draw_on_device, draw_on_host};
 use rlft::train::metrics::{StepMetrics, read_metrics};
 use rlft::train::{Recipe, Trainer};
 use std::path::Path;
@@ -115,6 +116,11 @@ fn losses_agree_across_backends() {
 /// Runs the crash test's recipe (warm-up, RL with a reference KL and PPO epochs, evaluation)
 /// for 2 steps with `sets` and returns its metrics.
 fn two_steps(tag: &str, sets: &[String]) -> Vec<StepMetrics> {
+    try_two_steps(tag, sets).unwrap_or_else(|e| panic!("{tag}: {e}"))
+}
+
+/// As [`two_steps`], the trainer's error as text.
+fn try_two_steps(tag: &str, sets: &[String]) -> Result<Vec<StepMetrics>, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(root.join("tests/data/recipes/crash.toml")).unwrap();
     let out = std::env::temp_dir().join(format!("rlft-backends-{tag}-{}", std::process::id()));
@@ -129,7 +135,7 @@ fn two_steps(tag: &str, sets: &[String]) -> Vec<StepMetrics> {
     let recipe = Recipe::from_toml_str(&text, &sets).unwrap();
     let summary = Trainer::new(recipe, None)
         .and_then(|mut t| t.run(None))
-        .unwrap_or_else(|e| panic!("{tag}: {e}"));
+        .map_err(|e| e.to_string())?;
     assert_eq!(summary.steps, 2, "{tag}");
     // The RL steps' lines (the step-0 evaluation has a line of its own).
     let metrics: Vec<StepMetrics> = read_metrics(&out.join("metrics.jsonl"))
@@ -138,7 +144,7 @@ fn two_steps(tag: &str, sets: &[String]) -> Vec<StepMetrics> {
         .filter(|m| m.contains_key("kl"))
         .collect();
     std::fs::remove_dir_all(&out).ok();
-    metrics
+    Ok(metrics)
 }
 
 fn value(m: &StepMetrics, key: &str) -> f64 {
@@ -162,6 +168,42 @@ fn two_step_recipe_on_every_backend() {
     }
 }
 
+/// `model.dtype = "bf16"`: the 2-step recipe runs on every compiled backend with bf16
+/// arithmetic (flex in the suite), with finite metrics near the f32 run's; on the others
+/// (ndarray, wgpu's WGSL) it is the documented error, before anything is written.
+#[test]
+fn bf16_recipe_runs_where_the_backend_has_it() {
+    for (name, dev) in devices() {
+        let tag = format!("bf16-{}", name.replace(':', "-"));
+        let sets = [format!("device=\"{name}\""), "model.dtype=\"bf16\"".into()];
+        if dev.supports_dtype(burn::tensor::FloatDType::BF16) {
+            let half = two_steps(&tag, &sets);
+            let full = two_steps(&format!("{tag}-f32"), &sets[..1]);
+            for (h, f) in half.iter().zip(&full) {
+                for key in ["kl", "entropy", "grad_norm", "reward/mean"] {
+                    assert!(value(h, key).is_finite(), "{name}: {key}");
+                }
+                let (eh, ef) = (value(h, "entropy"), value(f, "entropy"));
+                assert!(
+                    (eh - ef).abs() < 0.05 * ef.abs(),
+                    "entropy {eh} vs f32 {ef}"
+                );
+            }
+            println!(
+                "{name}: 2 steps in bf16, entropy {:.4}",
+                value(&half[1], "entropy")
+            );
+        } else {
+            let err = try_two_steps(&tag, &sets).expect_err("bf16 without bf16 arithmetic");
+            assert!(
+                err.contains("model.dtype = \"bf16\"") && err.contains(name),
+                "{name}: {err}"
+            );
+            println!("{name}: {err}");
+        }
+    }
+}
+
 /// `model.reference_device` moves the reference policy: on ndarray beside a flex learner its
 /// KL matches the all-flex run to rounding (the two backends' kernels differ in the last bits).
 #[cfg(feature = "ndarray")]
@@ -179,5 +221,107 @@ fn reference_model_on_its_own_device() {
             "kl {ka} vs {kb}"
         );
         assert!(ka > 0.0, "the reference KL is measured");
+    }
+}
+
+/// Where `u` falls in the host draw's cumulative distribution of one row: the tokens in the
+/// order the host walks them (id order without filters, by probability with them, only the kept
+/// ones) and their normalised running sums.
+fn host_cdf(x: &[f32], cfg: &SamplingConfig) -> (Vec<usize>, Vec<f64>) {
+    let mut order: Vec<usize> = (0..x.len()).collect();
+    let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let mut p: Vec<f64> = if cfg.has_filters() {
+        order.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
+        if cfg.top_k > 0 {
+            order.truncate(cfg.top_k);
+        }
+        let p: Vec<f64> = order.iter().map(|&i| (x[i] as f64 - max).exp()).collect();
+        let keep = p.iter().take_while(|&&q| q >= cfg.min_p).count().max(1);
+        order.truncate(keep);
+        let total: f64 = p[..keep].iter().sum();
+        let mut acc = 0.0;
+        let keep = p[..keep]
+            .iter()
+            .position(|q| {
+                acc += q / total;
+                acc >= cfg.top_p
+            })
+            .map_or(keep, |i| i + 1);
+        order.truncate(keep);
+        p[..keep].to_vec()
+    } else {
+        x.iter().map(|&v| (v as f64 - max).exp()).collect()
+    };
+    let total: f64 = p.iter().sum();
+    let mut acc = 0.0;
+    for q in &mut p {
+        acc += *q / total;
+        *q = acc;
+    }
+    (order, p)
+}
+
+/// The on-device draw picks the host draw's tokens from the same logits on every compiled
+/// backend, except where the variate lies within 1e-6 of a boundary between the two tokens in
+/// the host's cumulative distribution (counted and printed); greedy decoding and the log-probs
+/// agree everywhere.
+#[test]
+fn device_draw_matches_the_host_draw() {
+    let (rows, vocab) = (64, 3000);
+    let logits = values(rows * vocab, 17, -6.0, 6.0);
+    let uniforms: Vec<Option<f64>> = values(rows, 23, 0.0, 1.0)
+        .into_iter()
+        .map(|u| Some(u as f64))
+        .collect();
+    let base = SamplingConfig::new();
+    let configs = [
+        base.clone(),
+        base.clone().with_top_k(50),
+        base.clone().with_top_p(0.9),
+        base.clone().with_min_p(0.3),
+        base.clone()
+            .with_top_k(500)
+            .with_top_p(0.5)
+            .with_min_p(0.01),
+        base.clone().with_temperature(0.0),
+    ];
+    for (name, dev) in devices() {
+        let (mut draws, mut near_ties) = (0, 0);
+        for cfg in &configs {
+            let u: Vec<Option<f64>> = if cfg.temperature == 0.0 {
+                vec![None; rows]
+            } else {
+                uniforms.clone()
+            };
+            let host = draw_on_host(&logits, vocab, cfg, &u);
+            let t = Tensor::<2>::from_data(TensorData::new(logits.clone(), [rows, vocab]), &dev);
+            let on_dev = draw_on_device(t, cfg, &u).unwrap_or_else(|e| panic!("{name}: {e}"));
+            for (r, (h, d)) in host.iter().zip(&on_dev).enumerate() {
+                draws += 1;
+                let x = &logits[r * vocab..(r + 1) * vocab];
+                // Each log-prob is its own token's under the full softmax.
+                assert!((d.1 - h.1).abs() <= 1e-4 * (1.0 + h.1.abs()) || h.0 != d.0);
+                if h.0 == d.0 {
+                    continue;
+                }
+                let u = u[r].unwrap_or_else(|| panic!("{name}: greedy picks differ in row {r}"));
+                let (order, cdf) = host_cdf(x, cfg);
+                let at = |t: usize| order.iter().position(|&i| i == t);
+                let (a, b) = (at(h.0), at(d.0).unwrap_or(order.len() - 1));
+                let a = a.expect("the host's token is in its own distribution");
+                let gap = cdf[a.min(b)..a.max(b).max(a.min(b) + 1)]
+                    .iter()
+                    .map(|c| (c - u).abs())
+                    .fold(f64::INFINITY, f64::min);
+                assert!(
+                    gap <= 1e-6,
+                    "{name} {cfg:?} row {r}: host {} vs device {} (u {u}, gap {gap:e})",
+                    h.0,
+                    d.0
+                );
+                near_ties += 1;
+            }
+        }
+        println!("{name}: {draws} draws, {near_ties} differ at a near-tie (≤ 1e-6)");
     }
 }

@@ -124,6 +124,41 @@ fn bad_input_is_a_clear_error_never_a_panic() {
     with_set(
         &mut cases,
         &tmp,
+        "unknown dtype",
+        &["model.dtype=\"bf32\""],
+        &["bf32", "bf16"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "unknown rank device",
+        &["distributed.devices=[\"flex\", \"tpu\"]"],
+        &["distributed.devices", "tpu"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "device is not the first rank",
+        &["distributed.devices=[\"ndarray\", \"flex\"]"],
+        &["distributed.devices", "ndarray"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "bf16 on ndarray",
+        &["device=\"ndarray\"", "model.dtype=\"bf16\""],
+        &["model.dtype", "ndarray", "f32"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
+        "unknown sample_on",
+        &["rollout.sample_on=\"gpu\""],
+        &["sample_on", "device"],
+    );
+    with_set(
+        &mut cases,
+        &tmp,
         "sft batch 0",
         &["sft.batch_size=0"],
         &["sft.batch_size", "at least 1"],

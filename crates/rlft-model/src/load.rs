@@ -3,11 +3,12 @@
 //! initialisation from a [`TransformerConfig`].
 
 use crate::gguf::{GgufFile, GgufValue};
-use crate::model::{Attention, DecoderLayer, Mlp, Transformer};
+use crate::layers::{AttentionConfig, DecoderLayerConfig};
+use crate::model::Transformer;
 use crate::{ModelError, Result, TransformerConfig};
 use burn::module::Param;
 use burn::nn::{Embedding, Linear, RmsNorm, RmsNormConfig};
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -463,29 +464,17 @@ impl TransformerConfig {
                 .with_epsilon(self.rms_norm_eps)
                 .init(device)
         };
-        let (d, hd) = (self.hidden_size, self.head_dim);
-        let mut layers = Vec::with_capacity(self.num_layers);
-        for _ in 0..self.num_layers {
-            let self_attn = Attention {
-                q_proj: linear(d, self.num_heads * hd, self.attention_bias),
-                k_proj: linear(d, self.num_kv_heads * hd, self.attention_bias),
-                v_proj: linear(d, self.num_kv_heads * hd, self.attention_bias),
-                o_proj: linear(self.num_heads * hd, d, false),
-                q_norm: self.qk_norm.then(|| norm(hd)),
-                k_norm: self.qk_norm.then(|| norm(hd)),
-            };
-            let mlp = Mlp {
-                gate_proj: linear(d, self.intermediate_size, false),
-                up_proj: linear(d, self.intermediate_size, false),
-                down_proj: linear(self.intermediate_size, d, false),
-            };
-            layers.push(DecoderLayer {
-                input_layernorm: norm(d),
-                self_attn,
-                post_attention_layernorm: norm(d),
-                mlp,
-            });
-        }
+        let d = self.hidden_size;
+        let layer = self.layer_config();
+        let layers = (0..self.num_layers)
+            .map(|_| {
+                let Ok(l) = layer.try_init_with::<std::convert::Infallible>(
+                    &mut |_, i, o, b| Ok(linear(i, o, b)),
+                    &mut |_, w| Ok(norm(w)),
+                );
+                l
+            })
+            .collect();
         let lm_head = (!self.tie_word_embeddings).then(|| linear(d, self.vocab_size, false));
         let embed = normal([self.vocab_size, d]);
         Transformer {
@@ -497,9 +486,26 @@ impl TransformerConfig {
             lm_head,
             num_heads: self.num_heads,
             num_kv_heads: self.num_kv_heads,
-            head_dim: hd,
+            head_dim: self.head_dim,
             rope_inv_freq: self.inv_freq(),
+            compute_dtype: FloatDType::F32,
         }
+    }
+
+    /// The settings of each decoder layer.
+    pub fn layer_config(&self) -> DecoderLayerConfig {
+        DecoderLayerConfig::new(
+            AttentionConfig::new(
+                self.hidden_size,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+            )
+            .with_bias(self.attention_bias)
+            .with_qk_norm(self.qk_norm)
+            .with_rms_norm_eps(self.rms_norm_eps),
+            self.intermediate_size,
+        )
     }
 
     /// [`TransformerConfig::init_seeded`] with seed 0.
@@ -529,55 +535,17 @@ fn build(
     let embed = b.tensor("model.embed_tokens.weight", [cfg.vocab_size, d])?;
     // Not `with_capacity(num_layers)`: the count is untrusted until its tensors are found.
     let mut layers = Vec::new();
+    let layer = cfg.layer_config();
     for i in 0..cfg.num_layers {
         let p = format!("model.layers.{i}");
-        let a = format!("{p}.self_attn");
-        let qk_norm = |b: &mut Builder, n: &str| -> Result<Option<RmsNorm>> {
-            if cfg.qk_norm {
-                b.norm(&format!("{a}.{n}.weight"), hd, eps).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
-        let self_attn = Attention {
-            q_proj: b.linear(
-                &format!("{a}.q_proj"),
-                d,
-                cfg.num_heads * hd,
-                cfg.attention_bias,
-            )?,
-            k_proj: b.linear(
-                &format!("{a}.k_proj"),
-                d,
-                cfg.num_kv_heads * hd,
-                cfg.attention_bias,
-            )?,
-            v_proj: b.linear(
-                &format!("{a}.v_proj"),
-                d,
-                cfg.num_kv_heads * hd,
-                cfg.attention_bias,
-            )?,
-            o_proj: b.linear(&format!("{a}.o_proj"), cfg.num_heads * hd, d, false)?,
-            q_norm: qk_norm(&mut b, "q_norm")?,
-            k_norm: qk_norm(&mut b, "k_norm")?,
-        };
-        let m = format!("{p}.mlp");
-        let mlp = Mlp {
-            gate_proj: b.linear(&format!("{m}.gate_proj"), d, cfg.intermediate_size, false)?,
-            up_proj: b.linear(&format!("{m}.up_proj"), d, cfg.intermediate_size, false)?,
-            down_proj: b.linear(&format!("{m}.down_proj"), cfg.intermediate_size, d, false)?,
-        };
-        layers.push(DecoderLayer {
-            input_layernorm: b.norm(&format!("{p}.input_layernorm.weight"), d, eps)?,
-            self_attn,
-            post_attention_layernorm: b.norm(
-                &format!("{p}.post_attention_layernorm.weight"),
-                d,
-                eps,
-            )?,
-            mlp,
-        });
+        let b = std::cell::RefCell::new(&mut b);
+        layers.push(layer.try_init_with(
+            &mut |n, d_in, d_out, bias| {
+                b.borrow_mut()
+                    .linear(&format!("{p}.{n}"), d_in, d_out, bias)
+            },
+            &mut |n, w| b.borrow_mut().norm(&format!("{p}.{n}.weight"), w, eps),
+        )?);
     }
     let norm = b.norm("model.norm.weight", d, eps)?;
     let lm_head = if cfg.tie_word_embeddings {
@@ -610,6 +578,12 @@ fn build(
         num_kv_heads: cfg.num_kv_heads,
         head_dim: hd,
         rope_inv_freq: cfg.inv_freq(),
+        // Weights loaded in a half type compute in it.
+        compute_dtype: match dtype {
+            DType::BF16 => FloatDType::BF16,
+            DType::F16 => FloatDType::F16,
+            _ => FloatDType::F32,
+        },
     })
 }
 

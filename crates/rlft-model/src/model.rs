@@ -1,50 +1,9 @@
 //! The decoder-only transformer (Llama family): RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
-use burn::module::Module;
+pub use crate::layers::{Attention, DecoderLayer, Mlp};
+use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::{Embedding, Linear, RmsNorm};
-use burn::tensor::activation::{silu, softmax};
-use burn::tensor::{Bool, Int, Tensor};
-
-/// One attention block's projections.
-#[derive(Module, Debug)]
-pub struct Attention {
-    /// Query projection `d → H·hd`.
-    pub q_proj: Linear,
-    /// Key projection `d → KVH·hd`.
-    pub k_proj: Linear,
-    /// Value projection `d → KVH·hd`.
-    pub v_proj: Linear,
-    /// Output projection `H·hd → d`.
-    pub o_proj: Linear,
-    /// Per-head query RMSNorm (Qwen3).
-    pub q_norm: Option<RmsNorm>,
-    /// Per-head key RMSNorm (Qwen3).
-    pub k_norm: Option<RmsNorm>,
-}
-
-/// SwiGLU feed-forward: `down(silu(gate(x)) · up(x))`.
-#[derive(Module, Debug)]
-pub struct Mlp {
-    /// Gate projection.
-    pub gate_proj: Linear,
-    /// Up projection.
-    pub up_proj: Linear,
-    /// Down projection.
-    pub down_proj: Linear,
-}
-
-/// Pre-norm decoder layer.
-#[derive(Module, Debug)]
-pub struct DecoderLayer {
-    /// Norm before attention.
-    pub input_layernorm: RmsNorm,
-    /// Attention.
-    pub self_attn: Attention,
-    /// Norm before the MLP.
-    pub post_attention_layernorm: RmsNorm,
-    /// MLP.
-    pub mlp: Mlp,
-}
+use burn::tensor::{Bool, DType, FloatDType, Int, Tensor};
 
 /// Llama-family causal language model.
 #[derive(Module, Debug)]
@@ -65,6 +24,12 @@ pub struct Transformer {
     pub head_dim: usize,
     /// RoPE inverse frequencies (`head_dim / 2` values, Llama 3 scaling applied).
     pub rope_inv_freq: Vec<f64>,
+    /// The float type the forward pass computes in (f32 unless set with
+    /// [`Transformer::with_compute_dtype`]). Weights in another type (f32 master weights) are
+    /// cast at the start of each pass, inside the autodiff graph, so gradients reach them in
+    /// their own type; logits always come out in f32.
+    #[module(skip)]
+    pub compute_dtype: FloatDType,
 }
 
 /// Inputs of one forward pass.
@@ -104,7 +69,39 @@ impl ForwardInput {
     }
 }
 
+/// Casts every float parameter to a type, inside the autodiff graph (the result is not a set of
+/// new leaves: gradients flow back to the original parameters).
+struct CastParams(FloatDType);
+
+impl ModuleMapper for CastParams {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let dtype = self.0;
+        param.map(|t| t.cast(dtype))
+    }
+}
+
 impl Transformer {
+    /// The model computing its forward passes in `dtype` (see [`Transformer::compute_dtype`]);
+    /// the weights keep their type.
+    pub fn with_compute_dtype(mut self, dtype: FloatDType) -> Self {
+        self.compute_dtype = dtype;
+        self
+    }
+
+    /// A copy whose weights are stored in the compute type (a frozen policy for sampling keeps
+    /// half the memory and skips the per-pass cast); the same model when they already are.
+    pub fn cast_to_compute_dtype(self) -> Self {
+        if self.weights_in_compute_dtype() {
+            return self;
+        }
+        let dtype = self.compute_dtype;
+        self.map(&mut CastParams(dtype))
+    }
+
+    fn weights_in_compute_dtype(&self) -> bool {
+        self.embed_tokens.weight.val().dtype() == DType::from(self.compute_dtype)
+    }
+
     /// Final hidden states `[batch, L, d]` (after the last norm).
     pub fn hidden_states(&self, input: &ForwardInput) -> Tensor<3> {
         self.hidden_states_cached(input, None)
@@ -160,12 +157,16 @@ impl Transformer {
         self.logits(h)
     }
 
+    /// Logits in f32 from hidden states in the compute type (the head's weights cast to it).
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
-        match &self.lm_head {
-            Some(head) => head.forward(h),
+        let dtype = self.compute_dtype;
+        let h = h.cast(dtype);
+        let logits = match &self.lm_head {
+            Some(head) if self.weights_in_compute_dtype() => head.forward(h),
+            Some(head) => head.clone().map(&mut CastParams(dtype)).forward(h),
             None => {
                 let [b, l, d] = h.dims();
-                let w = self.embed_tokens.weight.val();
+                let w = self.embed_tokens.weight.val().cast(dtype);
                 let v = w.dims()[0];
                 let rows = h.reshape([b * l, d]);
                 // One `[b·l, d]` product, not a batched one against a broadcast weight: the
@@ -180,7 +181,8 @@ impl Transformer {
                 };
                 logits.reshape([b, l, v])
             }
-        }
+        };
+        logits.cast(FloatDType::F32)
     }
 
     fn hidden_states_cached(
@@ -188,6 +190,12 @@ impl Transformer {
         input: &ForwardInput,
         mut cache: Option<&mut KvCache>,
     ) -> Tensor<3> {
+        if !self.weights_in_compute_dtype() {
+            return self
+                .clone()
+                .cast_to_compute_dtype()
+                .hidden_states_cached(input, cache);
+        }
         let [b, l] = input.input_ids.dims();
         let device = input.input_ids.device();
         let mut x = self.embed_tokens.forward(input.input_ids.clone());
@@ -230,66 +238,10 @@ impl Transformer {
             c.layers.resize_with(self.layers.len(), || None);
         }
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_layernorm.forward(x.clone());
             let slot = cache.as_mut().and_then(|c| c.layers.get_mut(i));
-            let h = self.attention(&layer.self_attn, h, (&cos, &sin), &mask, slot);
-            x = x + h;
-            let h = layer.post_attention_layernorm.forward(x.clone());
-            let m = &layer.mlp;
-            let h = m
-                .down_proj
-                .forward(silu(m.gate_proj.forward(h.clone())) * m.up_proj.forward(h));
-            x = x + h;
+            x = layer.forward(x, (&cos, &sin), &mask, slot);
         }
         self.norm.forward(x)
-    }
-
-    fn attention(
-        &self,
-        attn: &Attention,
-        x: Tensor<3>,
-        (cos, sin): (&Tensor<4>, &Tensor<4>),
-        mask: &Tensor<4, Bool>,
-        cache: Option<&mut Option<(Tensor<4>, Tensor<4>)>>,
-    ) -> Tensor<3> {
-        let [b, l, _] = x.dims();
-        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = attn.q_proj.forward(x.clone());
-        let k = attn.k_proj.forward(x.clone());
-        let v = attn.v_proj.forward(x);
-        let split = |t: Tensor<3>, n: usize| t.reshape([b, l, n, hd]).swap_dims(1, 2);
-        let mut q = split(q, h);
-        let mut k = split(k, kvh);
-        let mut v = split(v, kvh);
-        if let (Some(qn), Some(kn)) = (&attn.q_norm, &attn.k_norm) {
-            q = qn.forward(q);
-            k = kn.forward(k);
-        }
-        let q = apply_rope(q, cos, sin);
-        k = apply_rope(k, cos, sin);
-        if let Some(slot) = cache {
-            if let Some((pk, pv)) = slot.take() {
-                k = Tensor::cat(vec![pk, k], 2);
-                v = Tensor::cat(vec![pv, v], 2);
-            }
-            *slot = Some((k.clone(), v.clone()));
-        }
-        // Grouped-query attention without repeating K/V: the `n = h / kvh` query heads that
-        // share a key/value head are stacked along the query axis, `[b, kvh, n·l, hd]`.
-        let n = h / kvh;
-        let lk = k.dims()[2];
-        let q = q.reshape([b, kvh, n * l, hd]);
-        let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hd as f64).sqrt());
-        let scores = scores
-            .reshape([b, h, l, lk])
-            .mask_fill(mask.clone().expand([b, h, l, lk]), -1e9);
-        let probs = softmax(scores, 3).reshape([b, kvh, n * l, lk]);
-        let out = probs
-            .matmul(v)
-            .reshape([b, h, l, hd])
-            .swap_dims(1, 2)
-            .reshape([b, l, h * hd]);
-        attn.o_proj.forward(out)
     }
 }
 
@@ -298,7 +250,7 @@ impl Transformer {
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
     len: usize,
-    pub(crate) layers: Vec<Option<(Tensor<4>, Tensor<4>)>>,
+    pub(crate) layers: Vec<crate::layers::KvSlot>,
     /// `1` for real keys, `0` for padding, `[batch, len]`.
     pub(crate) mask: Option<Tensor<2, Int>>,
 }
@@ -359,15 +311,6 @@ fn rope_tables(
     (emb.clone().cos().cast(dtype), emb.sin().cast(dtype))
 }
 
-/// HF's `rotate_half` RoPE: `x·cos + rotate_half(x)·sin`.
-fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
-    let [_, _, _, hd] = x.dims();
-    let x1 = x.clone().narrow(3, 0, hd / 2);
-    let x2 = x.clone().narrow(3, hd / 2, hd / 2);
-    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-    x * cos.clone() + rotated * sin.clone()
-}
-
 impl Transformer {
     /// A frozen copy for the reference policy `π_ref`: no autodiff, untouched by later optimiser
     /// steps on `self`, placed on `device` (which may differ from the policy's).
@@ -408,10 +351,9 @@ impl ValueModel {
         Self { trunk, value_head }
     }
 
-    /// Values `[batch, L]`, one per position.
+    /// Values `[batch, L]`, one per position (the head computes in f32).
     pub fn forward(&self, input: &ForwardInput) -> Tensor<2> {
-        self.value_head
-            .forward(self.trunk.hidden_states(input))
-            .squeeze_dim::<2>(2)
+        let h = self.trunk.hidden_states(input).cast(FloatDType::F32);
+        self.value_head.forward(h).squeeze_dim::<2>(2)
     }
 }

@@ -490,3 +490,93 @@ fn random_init_and_unknown_model_type() {
         .to_string();
     assert!(e.contains("model_type 'gpt_neox' is not supported"), "{e}");
 }
+
+/// Computing in bf16 or f16 (f32 master weights cast in each pass): logits against transformers'
+/// f32 ones within the documented tolerance for the type (relative to the largest logit), greedy
+/// ids identical while the top-2 margin is wider than twice it, and gradients that reach the f32
+/// weights in f32, near the f32 pass's.
+#[test]
+fn half_precision_compute_stays_near_f32() {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::FloatDType;
+    // Documented in README ("Precision"): max |Δ logit| against transformers' f32 logits, as a
+    // fraction of the largest |logit| (measured: bf16 ≤ 3.0 %, f16 ≤ 0.28 %).
+    for (dtype, tolerance) in [(FloatDType::BF16, 0.05f32), (FloatDType::F16, 0.005)] {
+        for name in ["tiny-llama", "tiny-llama-tied", "tiny-qwen2"] {
+            let dir = fixtures().join(name);
+            let device = Device::flex();
+            let model = Transformer::from_hf_dir(&dir, &device, DType::F32)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .with_compute_dtype(dtype);
+            let text = std::fs::read_to_string(dir.join("expected.json")).expect("expected.json");
+            let expected: Value = serde_json::from_str(&text).expect("json");
+            for case in expected["cases"].as_array().expect("cases") {
+                let input_ids = ids(&case["input_ids"]);
+                let n = input_ids.len();
+                let out =
+                    model.forward(&ForwardInput::new(int2(input_ids.clone(), [1, n], &device)));
+                assert_eq!(out.dtype(), DType::F32, "logits come out in f32");
+                let want = floats(&case["logits"]);
+                let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                let diff = max_diff(&to_vec(out), &want);
+                println!(
+                    "{name} {dtype:?}: max |Δlogit| vs transformers f32 = {diff:.2e} (max |logit| {scale:.2})"
+                );
+                let tolerance = tolerance * scale;
+                assert!(
+                    diff < tolerance,
+                    "{name} {dtype:?}: {diff} (max |logit| {scale})"
+                );
+                let want = ids(&case["greedy_ids"]);
+                let margins = floats(&case["greedy_top1_top2_margin"]);
+                let got = greedy_cached(&model, &input_ids, want.len(), &device);
+                for ((g, w), m) in got.iter().zip(&want).zip(&margins) {
+                    if *m > 2.0 * tolerance {
+                        assert_eq!(g, w, "{name} {dtype:?}: greedy id with margin {m}");
+                    } else {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    // Gradients: f32, on the f32 weights, close to those of an f32 pass.
+    let dir = fixtures().join("tiny-llama");
+    let device = Device::flex().autodiff();
+    let base = Transformer::from_hf_dir(&dir, &device, DType::F32).expect("load");
+    let input = ForwardInput::new(int2((1..20).collect(), [1, 19], &device));
+    struct Grads<'a>(&'a burn::optim::GradientsParams, Vec<(DType, Vec<f32>)>);
+    impl ModuleVisitor for Grads<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            let g = self.0.get::<D>(p.id).expect("every weight has a gradient");
+            let dtype = g.dtype();
+            self.1.push((
+                dtype,
+                g.into_data()
+                    .convert::<f32>()
+                    .try_into_vec::<f32>()
+                    .unwrap(),
+            ));
+        }
+    }
+    let grads = |model: &Transformer| {
+        let loss = model.forward(&input).powf_scalar(2.0).mean();
+        let g = burn::optim::GradientsParams::from_grads(loss.backward(), model);
+        let mut v = Grads(&g, Vec::new());
+        model.visit(&mut v);
+        v.1
+    };
+    let full = grads(&base);
+    let half = grads(&base.clone().with_compute_dtype(FloatDType::BF16));
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for ((d, h), (_, f)) in half.iter().zip(&full) {
+        assert_eq!(*d, DType::F32, "gradients reach the f32 weights in f32");
+        for (a, b) in h.iter().zip(f) {
+            num += ((a - b) as f64).powi(2);
+            den += (*b as f64).powi(2);
+        }
+    }
+    let rel = (num / den).sqrt();
+    println!("bf16 pass: gradient relative L2 error vs f32 = {rel:.2e}");
+    assert!(rel < 0.05, "{rel}");
+}

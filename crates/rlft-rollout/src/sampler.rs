@@ -3,8 +3,9 @@
 //!
 //! Prompts are prefilled on the model's device. On a CPU device (flex, ndarray) with AVX-512, steps
 //! of at most [`DECODE_ROWS`] rows then run on the host ([`HostWeights::decode_step`] over the
-//! cache moved there once); otherwise every step runs on the device and moves one `[rows, vocab]`
-//! block of logits to the host, which the sampling needs. Rows that finish are dropped from the
+//! cache moved there once), and tokens are drawn on the host from the logits. On other devices
+//! (or with [`SampleOn::Device`]) every step runs on the device and the draw too ([`device`]):
+//! only the sampled ids and their log-probs leave it. Rows that finish are dropped from the
 //! batch and from the KV cache, so they stop costing compute.
 
 use crate::{LearnerBatch, Result, RolloutError};
@@ -18,6 +19,32 @@ use rlft_model::{
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+
+mod device;
+
+/// Where tokens are drawn from the logits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SampleOn {
+    /// On the host for a model in host memory (flex, ndarray: the host decode kernels where
+    /// the CPU has them), else on the device.
+    #[default]
+    Auto,
+    /// Logits move to the host every step and tokens are drawn there.
+    Host,
+    /// Every step and the draw run on the model's device (no host decode kernels); only the
+    /// sampled ids and their log-probs leave it.
+    Device,
+}
+
+impl SampleOn {
+    /// Every value with its name, as written in recipes.
+    pub const ALL: [(SampleOn, &'static str); 3] = [
+        (SampleOn::Auto, "auto"),
+        (SampleOn::Host, "host"),
+        (SampleOn::Device, "device"),
+    ];
+}
 
 /// How to sample.
 #[derive(Config, Debug, PartialEq)]
@@ -56,6 +83,10 @@ pub struct SamplingConfig {
     /// ≈1e-5; rescoring makes μ exactly what the learner computes, for one extra forward pass.
     #[config(default = false)]
     pub rescore: bool,
+    /// Where tokens are drawn ([`SampleOn`]); the same seed draws the same tokens either way
+    /// but where two tokens' cumulative probabilities lie within f32 rounding of the variate.
+    #[config(default = "SampleOn::Auto")]
+    pub sample_on: SampleOn,
 }
 
 impl SamplingConfig {
@@ -318,6 +349,11 @@ impl<'a> Sampler<'a> {
             1.0
         };
         let vocab = self.model.embed_tokens.weight.dims()[0];
+        let on_device = match cfg.sample_on {
+            SampleOn::Host => false,
+            SampleOn::Device => true,
+            SampleOn::Auto => !rlft_model::decode::host_resident(&device),
+        };
         // Decode steps of few rows run on the host (`HostWeights::decode_step`) once the prompts
         // are prefilled; from then on `host_cache` holds the keys and values.
         let mut host_cache: Option<HostKvCache> = None;
@@ -348,7 +384,7 @@ impl<'a> Sampler<'a> {
             let model = current.as_ref().map_or(self.model, |(w, _)| &w.model);
             let n = rows.len();
             let prefill = prompt_input.is_some();
-            let host = if prefill || n > DECODE_ROWS {
+            let host = if prefill || n > DECODE_ROWS || on_device {
                 None
             } else {
                 match &current {
@@ -356,7 +392,7 @@ impl<'a> Sampler<'a> {
                     None => self.host_weights()?,
                 }
             };
-            let mut logits = match host {
+            let logits = match host {
                 Some(w) => {
                     let hc = match host_cache.as_mut() {
                         Some(hc) => hc,
@@ -364,7 +400,7 @@ impl<'a> Sampler<'a> {
                     };
                     let tokens: Vec<u32> = rows.iter().map(Row::last_token).collect();
                     let pos: Vec<usize> = rows.iter().map(|r| r.next_position() as usize).collect();
-                    w.decode_step(hc, &tokens, &pos).map_err(model_err)?
+                    StepLogits::Host(w.decode_step(hc, &tokens, &pos).map_err(model_err)?)
                 }
                 None => {
                     let input = prompt_input.take().unwrap_or_else(|| ForwardInput {
@@ -387,28 +423,43 @@ impl<'a> Sampler<'a> {
                     }
                     initial = false;
                     let [n, l, v] = logits.dims();
-                    logits
-                        .narrow(1, l - 1, 1)
-                        .reshape([n, v])
-                        .into_data()
-                        .convert::<f32>()
-                        .try_into_vec::<f32>()
-                        .map_err(|e| RolloutError::Input(format!("logits to host: {e:?}")))?
+                    let last = logits.narrow(1, l - 1, 1).reshape([n, v]);
+                    if on_device {
+                        StepLogits::Device(Box::new(last))
+                    } else {
+                        StepLogits::Host(
+                            last.into_data()
+                                .convert::<f32>()
+                                .try_into_vec::<f32>()
+                                .map_err(|e| {
+                                    RolloutError::Input(format!("logits to host: {e:?}"))
+                                })?,
+                        )
+                    }
                 }
             };
-            if temperature != 1.0 {
-                let inv = (1.0 / temperature) as f32;
-                logits.par_iter_mut().for_each(|x| *x *= inv);
-            }
-            // Uniform variates in row order (reproducible), then the rows in parallel.
+            // Uniform variates in row order (reproducible, the same for either path).
             let draws: Vec<Option<f64>> = (0..n)
                 .map(|_| (cfg.temperature != 0.0).then(|| rng.random::<f64>()))
                 .collect();
-            let picks: Vec<(usize, f32)> = logits
-                .par_chunks(vocab)
-                .zip(draws)
-                .map(|(x, u)| pick(x, cfg, u))
-                .collect();
+            let inv = (1.0 / temperature) as f32;
+            let picks: Vec<(usize, f32)> = match logits {
+                StepLogits::Host(mut logits) => {
+                    if temperature != 1.0 {
+                        logits.par_iter_mut().for_each(|x| *x *= inv);
+                    }
+                    draw_on_host(&logits, vocab, cfg, &draws)
+                }
+                StepLogits::Device(logits) => {
+                    let logits = *logits;
+                    let logits = if temperature != 1.0 {
+                        logits.mul_scalar(inv)
+                    } else {
+                        logits
+                    };
+                    device::pick(logits, cfg, &draws)?
+                }
+            };
             let mut keep = Vec::with_capacity(rows.len());
             for (r, row) in rows.iter_mut().enumerate() {
                 let (token, logprob) = picks[r];
@@ -533,6 +584,46 @@ impl<'a> Sampler<'a> {
         let tail = &row.text[from..];
         Ok(cfg.stop_strings.iter().any(|s| tail.contains(s.as_str())))
     }
+}
+
+/// One token per row drawn on the host from row-major `[rows, vocab]` (temperature-scaled)
+/// logits with the uniform variates `draws` (greedy where `None`): the draw of
+/// [`SampleOn::Host`]. Returns each token and its log-prob under the full softmax.
+pub fn draw_on_host(
+    logits: &[f32],
+    vocab: usize,
+    cfg: &SamplingConfig,
+    draws: &[Option<f64>],
+) -> Vec<(usize, f32)> {
+    logits
+        .par_chunks(vocab)
+        .zip(draws)
+        .map(|(x, u)| pick(x, cfg, *u))
+        .collect()
+}
+
+/// As [`draw_on_host`] on the logits' device ([`SampleOn::Device`]): only the tokens and their
+/// log-probs are read back.
+///
+/// # Shapes
+/// - `logits`: `[rows, vocab]`; `draws`: one per row, all `Some` or all `None`
+///
+/// # Errors
+/// When the results cannot be read back from the device.
+pub fn draw_on_device(
+    logits: Tensor<2>,
+    cfg: &SamplingConfig,
+    draws: &[Option<f64>],
+) -> Result<Vec<(usize, f32)>> {
+    device::pick(logits, cfg, draws)
+}
+
+/// One decode step's last-position logits: on the host, or still on the device.
+enum StepLogits {
+    /// Row-major `[rows, vocab]`.
+    Host(Vec<f32>),
+    /// `[rows, vocab]` (boxed: a tensor handle is far larger than a `Vec`).
+    Device(Box<Tensor<2>>),
 }
 
 fn argmax(x: &[f32]) -> usize {

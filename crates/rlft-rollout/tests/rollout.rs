@@ -7,7 +7,7 @@ use rlft_algo::logprobs_from_logits;
 use rlft_model::{ForwardInput, Pretrained};
 use rlft_rollout::{
     EnvStep, Environment, Example, FinishReason, KvOnUpdate, LearnerBatch, Prompt, RewardSet,
-    RolloutConfig, Sampler, SamplingConfig, Updates, WeightUpdate, rollout,
+    RolloutConfig, SampleOn, Sampler, SamplingConfig, Updates, WeightUpdate, rollout,
 };
 use std::path::{Path, PathBuf};
 
@@ -22,6 +22,14 @@ fn load() -> (Pretrained, Device) {
     let device = Device::flex();
     let p = Pretrained::load(&fixture(), &device, DType::F32).expect("fixture");
     (p, device)
+}
+
+/// Largest |a − b| over two equally long slices.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
 }
 
 fn prompts(p: &Pretrained) -> Vec<Vec<u32>> {
@@ -103,12 +111,7 @@ fn behaviour_logprobs_equal_the_learners() {
             .try_to_vec::<f32>()
             .unwrap();
         for (i, c) in out.iter().enumerate() {
-            let diff = c
-                .logprobs
-                .iter()
-                .zip(&learner[i * rl..])
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let diff = max_diff(&c.logprobs, &learner[i * rl..]);
             println!(
                 "T={temperature} row {i} ({:?}, {} tokens): max |Δ| = {diff:.2e}",
                 c.finish_reason,
@@ -141,11 +144,7 @@ fn behaviour_logprobs_equal_the_learners() {
                 .into_data()
                 .try_to_vec::<f32>()
                 .unwrap();
-            let diff = alone
-                .iter()
-                .zip(&c.logprobs)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let diff = max_diff(&alone, &c.logprobs);
             assert!(diff <= 5e-5, "row {i} alone: {diff}");
         }
         // Without rescoring, μ comes from the decode steps themselves: the same distribution,
@@ -188,12 +187,7 @@ fn repeated_prompts_decode_like_a_prompt_alone() {
     for (i, prompt) in batch.iter().enumerate() {
         let alone = &s.generate(std::slice::from_ref(prompt), &cfg).unwrap()[0];
         assert_eq!(out[i].tokens, alone.tokens, "row {i}");
-        let diff = out[i]
-            .logprobs
-            .iter()
-            .zip(&alone.logprobs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let diff = max_diff(&out[i].logprobs, &alone.logprobs);
         assert!(diff <= 5e-5, "row {i}: max |Δ log μ| = {diff}");
     }
 }
@@ -398,4 +392,62 @@ fn interruptible_generation_switches_weights_between_decode_steps() {
             }
         }
     }
+}
+
+/// Sampling on the device (`SampleOn::Device`: every step on burn's forward, the draw as tensor
+/// operations) draws the host path's tokens for the same seed, with or without filters, and its
+/// μ matches the learner's rescoring within the bound above.
+#[test]
+fn device_sampling_draws_the_host_tokens() {
+    let (p, _) = load();
+    let s = Sampler::new(&p.model, Some(&p.tokenizer));
+    let prompts = prompts(&p);
+    let base = SamplingConfig::new()
+        .with_max_new_tokens(12)
+        .with_ignore_eos(true);
+    let configs = [
+        base.clone(),
+        base.clone().with_temperature(0.7),
+        base.clone().with_temperature(0.0),
+        base.clone().with_top_k(5),
+        base.clone().with_top_p(0.8),
+        base.clone().with_min_p(0.05),
+        base.clone()
+            .with_temperature(1.3)
+            .with_top_k(40)
+            .with_top_p(0.9)
+            .with_min_p(0.01),
+    ];
+    let mut draws = 0;
+    for cfg in &configs {
+        for seed in [0, 1, 2] {
+            let cfg = cfg.clone().with_seed(seed);
+            let host = s
+                .generate(&prompts, &cfg.clone().with_sample_on(SampleOn::Host))
+                .unwrap();
+            let device = s
+                .generate(&prompts, &cfg.clone().with_sample_on(SampleOn::Device))
+                .unwrap();
+            for (h, d) in host.iter().zip(&device) {
+                assert_eq!(h.tokens, d.tokens, "{cfg:?}");
+                draws += d.tokens.len();
+                let diff = max_diff(&h.logprobs, &d.logprobs);
+                assert!(diff <= 5e-5, "{cfg:?}: max |Δ log μ| = {diff}");
+            }
+            let rescored = s
+                .generate(
+                    &prompts,
+                    &cfg.clone()
+                        .with_sample_on(SampleOn::Device)
+                        .with_rescore(true),
+                )
+                .unwrap();
+            for (d, r) in device.iter().zip(&rescored) {
+                assert_eq!(d.tokens, r.tokens);
+                let diff = max_diff(&d.logprobs, &r.logprobs);
+                assert!(diff <= 5e-5, "{cfg:?}: μ vs rescored {diff}");
+            }
+        }
+    }
+    println!("{draws} tokens drawn alike on the host and on the device");
 }

@@ -78,6 +78,7 @@ pub(crate) fn sampling(recipe: &Recipe) -> SamplingConfig {
         .with_top_k(r.top_k)
         .with_top_p(r.top_p)
         .with_min_p(r.min_p)
+        .with_sample_on(r.sample_on)
         .with_max_new_tokens(r.max_new_tokens)
 }
 

@@ -5,6 +5,7 @@
 //! gradient-norm clip.
 
 use crate::correction::CorrectionMode;
+use crate::distributed::sum_gradients;
 use crate::offpolicy::StepDiagnostics;
 use crate::trainer::{LOGITS_CHUNK_BYTES, Row, Trainer, adamw};
 use crate::{Result, host};
@@ -30,7 +31,6 @@ impl Trainer {
         diag: &mut StepDiagnostics,
     ) -> Result<(f64, f64, f64, f64, f64, Option<f64>, bool)> {
         let a = self.recipe.algorithm.clone();
-        let temperature = self.recipe.rollout.temperature;
         let n = rows.len();
         let mut sums = [0.0f64; 4];
         let mut count = 0.0f64;
@@ -70,125 +70,60 @@ impl Trainer {
                     .iter()
                     .filter(|&&i| rows[i].mask.iter().any(|&m| m > 0.0))
                     .count();
+                let ranks = self.ranks.len() + 1;
+                // Every rank's loss is normalised by the whole mini-batch and the ranks'
+                // gradients are summed: `dp_size` stays 1 (see `crate::distributed`).
                 let global = GlobalBatchInfo {
                     dp_size: 1,
                     batch_num_tokens: Some(tokens as f64),
                     global_batch_size: Some(seqs as f64),
                     loss_scale_factor: Some(self.recipe.rollout.max_total_tokens as f64),
                 };
-                let mut accum = GradientsAccumulator::<Transformer>::new();
-                let mut critic_accum = GradientsAccumulator::<ValueModel>::new();
-                for micro in self.micro_batches(&mini, rows) {
-                    let refs: Vec<&Row> = micro.iter().map(|&i| &rows[i]).collect();
-                    let ids = self.pack(&refs);
-                    let mask = self.per_token(&ids, &refs, |r| &r.mask);
-                    let old = self.per_token(&ids, &refs, |r| &r.old_lp);
-                    let adv = self.per_token(&ids, &refs, |r| &r.adv);
-                    let weights = refs
-                        .iter()
-                        .all(|r| r.is_w.is_some())
-                        .then(|| self.per_token(&ids, &refs, |r| r.is_w.as_deref().unwrap_or(&[])));
-                    let ref_lp = self.reference.is_some().then(|| {
-                        self.per_token(&ids, &refs, |r| r.ref_lp.as_deref().unwrap_or(&[]))
-                    });
-                    let bypass = self.algo.offpolicy.mode == CorrectionMode::Bypass;
-                    let width = ids.response_len();
-                    let mask_h = if bypass {
-                        aligned(&refs, width, |r| &r.mask)
-                    } else {
-                        Vec::new()
+                let mut policy_grads = Vec::with_capacity(ranks);
+                let mut critic_grads = Vec::with_capacity(ranks);
+                for (k, shard) in crate::distributed::shard(&mini, ranks)
+                    .into_iter()
+                    .enumerate()
+                {
+                    let replica;
+                    let (policy, critic, device) = match k.checked_sub(1) {
+                        None => (self.policy(), self.critic.as_ref(), &self.device),
+                        Some(r) => {
+                            // This step's weights on the rank's device, with their own
+                            // autodiff graph.
+                            let device = &self.ranks[r];
+                            replica = (
+                                self.policy().clone().fork(device),
+                                self.critic.clone().map(|c| c.fork(device)),
+                            );
+                            (&replica.0, replica.1.as_ref(), device)
+                        }
                     };
-                    let chunk = self.logits_chunk();
-                    // Without an entropy bonus the entropy is only a metric: no gradient flows
-                    // through it, so the backward pass neither keeps nor walks it.
-                    let (grads, (mask, mv)) = chunked_backward(
-                        &ids,
-                        self.policy(),
-                        Some(temperature),
-                        chunk,
-                        a.entropy_coef > 0.0,
-                        |lp, ent| -> Result<LossOut<(Tensor<2>, MetricValues)>> {
-                            let (mut mask, mut weights) = (mask, weights);
-                            if mask_h.iter().any(|m| *m > 0.5) {
-                                // verl's bypass: πθ (detached) against μ, the anchor, per
-                                // micro-batch.
-                                let dims = [refs.len(), width];
-                                let out = diag.correct(
-                                    &host(lp.clone().detach()),
-                                    &aligned(&refs, width, |r| &r.behaviour_lp),
-                                    &mask_h,
-                                    dims,
-                                    &self.algo.offpolicy.correction,
-                                )?;
-                                let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
-                                mask = t2(&self.device, f32s(out.mask), dims[0], dims[1]);
-                                weights = out
-                                    .weights
-                                    .filter(|_| self.algo.offpolicy.bypass_applies_weights)
-                                    .map(|w| t2(&self.device, f32s(w), dims[0], dims[1]));
-                            }
-                            let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
-                                .with_entropy(ent)
-                                .with_global(global);
-                            if let Some(w) = weights {
-                                input = input.with_rollout_is_weights(w);
-                            }
-                            if let Some(r) = ref_lp {
-                                input = input.with_ref_log_prob(r);
-                            }
-                            let out = self.registry.compute(
-                                &self.algo.loss,
-                                &input,
-                                &self.algo.config,
-                            )?;
-                            let mv = out.metrics.read()?;
-                            Ok(LossOut {
-                                loss: out.loss,
-                                extra: (mask, mv),
-                            })
-                        },
-                    )?;
-                    sums[0] += mv.clip_frac_low;
-                    sums[1] += mv.clip_frac_high;
-                    sums[2] += mv.kl.unwrap_or(0.0);
-                    sums[3] += mv.entropy.unwrap_or(0.0);
-                    count += 1.0;
-                    accum.accumulate(self.policy(), grads);
-                    if let Some(critic) = &self.critic {
-                        let old_v =
-                            self.per_token(&ids, &refs, |r| r.old_values.as_deref().unwrap_or(&[]));
-                        let ret =
-                            self.per_token(&ids, &refs, |r| r.returns.as_deref().unwrap_or(&[]));
-                        let v = ids
-                            .response(critic.forward(&ids.input()).unsqueeze_dim::<3>(2))
-                            .squeeze_dim::<2>(2);
-                        let (vl, _) = rlft_algo::value::clipped_value_loss(
-                            v,
-                            old_v,
-                            ret,
-                            &mask,
-                            a.value_clip,
-                            LossAggregation::TokenMean,
-                            &global,
-                        )?;
-                        let vl = vl * a.value_coef;
-                        value_losses.push(host(vl.clone())[0] as f64);
-                        let g = GradientsParams::from_grads(vl.backward(), critic);
-                        critic_accum.accumulate(critic, g);
+                    let part =
+                        self.rank_gradients((policy, critic, device), shard, rows, global, diag)?;
+                    for (s, p) in sums.iter_mut().zip(part.sums) {
+                        *s += p;
                     }
+                    count += part.micro_batches;
+                    value_losses.extend(part.value_losses);
+                    policy_grads.push(part.policy);
+                    critic_grads.extend(part.critic);
                 }
-                let (grads, norm) = clip_grads(
-                    accum.grads(),
-                    self.policy(),
-                    self.recipe.optimizer.grad_clip,
-                );
+                let grads = sum_gradients(self.policy(), policy_grads, &self.device);
+                let critic_grads = self
+                    .critic
+                    .as_ref()
+                    .map(|c| sum_gradients(c, critic_grads, &self.device));
+                let (grads, norm) =
+                    clip_grads(grads, self.policy(), self.recipe.optimizer.grad_clip);
                 norms.push(norm);
                 // The critic's step is checked too: a NaN in it would poison every later value
                 // and advantage.
                 let critic_grads = self
                     .critic
                     .as_ref()
-                    .map(|c| clip_grads(critic_accum.grads(), c, self.recipe.optimizer.grad_clip));
+                    .zip(critic_grads)
+                    .map(|(c, g)| clip_grads(g, c, self.recipe.optimizer.grad_clip));
                 if !norm.is_finite()
                     || sums.iter().any(|v| !v.is_finite())
                     || value_losses.iter().any(|v: &f64| !v.is_finite())
@@ -238,6 +173,125 @@ impl Trainer {
         ))
     }
 
+    /// One learner rank's share of a mini-batch: the gradients of `shard`'s rows (micro-batch
+    /// by micro-batch, normalised by `global`) for `policy` and `critic` on `device`, with the
+    /// rank's metric sums.
+    fn rank_gradients(
+        &self,
+        (policy, critic, device): (&Transformer, Option<&ValueModel>, &Device),
+        shard: &[usize],
+        rows: &[Row],
+        global: GlobalBatchInfo,
+        diag: &mut StepDiagnostics,
+    ) -> Result<RankGradients> {
+        let a = &self.recipe.algorithm;
+        let temperature = self.recipe.rollout.temperature;
+        let mut out = RankGradients::default();
+        let mut accum = GradientsAccumulator::<Transformer>::new();
+        let mut critic_accum = GradientsAccumulator::<ValueModel>::new();
+        for micro in self.micro_batches(shard, rows) {
+            let refs: Vec<&Row> = micro.iter().map(|&i| &rows[i]).collect();
+            let ids = self.pack_on(&refs, device);
+            let per_token = |field: &dyn Fn(&Row) -> &[f32]| {
+                let r = ids.response_len();
+                t2(device, aligned(&refs, r, field), refs.len(), r)
+            };
+            let mask = per_token(&|r| &r.mask);
+            let old = per_token(&|r| &r.old_lp);
+            let adv = per_token(&|r| &r.adv);
+            let weights = refs
+                .iter()
+                .all(|r| r.is_w.is_some())
+                .then(|| per_token(&|r| r.is_w.as_deref().unwrap_or(&[])));
+            let ref_lp = self
+                .reference
+                .is_some()
+                .then(|| per_token(&|r| r.ref_lp.as_deref().unwrap_or(&[])));
+            let bypass = self.algo.offpolicy.mode == CorrectionMode::Bypass;
+            let width = ids.response_len();
+            let mask_h = if bypass {
+                aligned(&refs, width, |r| &r.mask)
+            } else {
+                Vec::new()
+            };
+            // Without an entropy bonus the entropy is only a metric: no gradient flows through
+            // it, so the backward pass neither keeps nor walks it.
+            let (grads, (mask, mv)) = chunked_backward(
+                &ids,
+                policy,
+                Some(temperature),
+                self.logits_chunk(),
+                a.entropy_coef > 0.0,
+                |lp, ent| -> Result<LossOut<(Tensor<2>, MetricValues)>> {
+                    let (mut mask, mut weights) = (mask, weights);
+                    if mask_h.iter().any(|m| *m > 0.5) {
+                        // verl's bypass: πθ (detached) against μ, the anchor, per micro-batch.
+                        let dims = [refs.len(), width];
+                        let out = diag.correct(
+                            &host(lp.clone().detach()),
+                            &aligned(&refs, width, |r| &r.behaviour_lp),
+                            &mask_h,
+                            dims,
+                            &self.algo.offpolicy.correction,
+                        )?;
+                        let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
+                        mask = t2(device, f32s(out.mask), dims[0], dims[1]);
+                        weights = out
+                            .weights
+                            .filter(|_| self.algo.offpolicy.bypass_applies_weights)
+                            .map(|w| t2(device, f32s(w), dims[0], dims[1]));
+                    }
+                    let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
+                        .with_entropy(ent)
+                        .with_global(global);
+                    if let Some(w) = weights {
+                        input = input.with_rollout_is_weights(w);
+                    }
+                    if let Some(r) = ref_lp {
+                        input = input.with_ref_log_prob(r);
+                    }
+                    let out = self
+                        .registry
+                        .compute(&self.algo.loss, &input, &self.algo.config)?;
+                    let mv = out.metrics.read()?;
+                    Ok(LossOut {
+                        loss: out.loss,
+                        extra: (mask, mv),
+                    })
+                },
+            )?;
+            out.sums[0] += mv.clip_frac_low;
+            out.sums[1] += mv.clip_frac_high;
+            out.sums[2] += mv.kl.unwrap_or(0.0);
+            out.sums[3] += mv.entropy.unwrap_or(0.0);
+            out.micro_batches += 1.0;
+            accum.accumulate(policy, grads);
+            if let Some(critic) = critic {
+                let old_v = per_token(&|r| r.old_values.as_deref().unwrap_or(&[]));
+                let ret = per_token(&|r| r.returns.as_deref().unwrap_or(&[]));
+                let v = ids
+                    .response(critic.forward(&ids.input()).unsqueeze_dim::<3>(2))
+                    .squeeze_dim::<2>(2);
+                let (vl, _) = rlft_algo::value::clipped_value_loss(
+                    v,
+                    old_v,
+                    ret,
+                    &mask,
+                    a.value_clip,
+                    LossAggregation::TokenMean,
+                    &global,
+                )?;
+                let vl = vl * a.value_coef;
+                out.value_losses.push(host(vl.clone())[0] as f64);
+                let g = GradientsParams::from_grads(vl.backward(), critic);
+                critic_accum.accumulate(critic, g);
+            }
+        }
+        out.policy = accum.grads();
+        out.critic = critic.map(|_| critic_accum.grads());
+        Ok(out)
+    }
+
     /// `indices` split into micro-batches in order: at most `algorithm.micro_batch_size` rows
     /// and, with `algorithm.micro_batch_tokens`, at most that many tokens (prompt + response)
     /// each — a row longer than the budget goes alone.
@@ -275,9 +329,14 @@ impl Trainer {
     /// Packs rows in the learner's layout (the sampler's rescoring layout, see
     /// [`LearnerBatch`]).
     pub(crate) fn pack(&self, rows: &[&Row]) -> LearnerBatch {
+        self.pack_on(rows, &self.device)
+    }
+
+    /// As [`Trainer::pack`], on `device`.
+    pub(crate) fn pack_on(&self, rows: &[&Row], device: &Device) -> LearnerBatch {
         let seqs: Vec<(&[i64], usize)> = rows.iter().map(|r| (&r.ids[..], r.prompt_len)).collect();
         let pad = self.tokenizer.pad_id.unwrap_or(0) as i64;
-        LearnerBatch::new(&seqs, pad, &self.device)
+        LearnerBatch::new(&seqs, pad, device)
     }
 
     /// The per-response-token values `field` of the rows packed as `batch`, as `[n, R]` (`R` the
@@ -291,6 +350,17 @@ impl Trainer {
         let r = batch.response_len();
         t2(&self.device, aligned(rows, r, field), rows.len(), r)
     }
+}
+
+/// One rank's gradients and metric sums over its micro-batches (clip low, clip high, kl,
+/// entropy).
+#[derive(Default)]
+struct RankGradients {
+    policy: GradientsParams,
+    critic: Option<GradientsParams>,
+    sums: [f64; 4],
+    micro_batches: f64,
+    value_losses: Vec<f64>,
 }
 
 /// The per-response-token values `field` of `rows` as a row-major `[rows, width]` host array,

@@ -11,6 +11,7 @@ pub mod algorithm;
 pub mod checkpoint;
 pub mod collect;
 pub mod correction;
+pub mod distributed;
 mod eval;
 pub mod events;
 pub mod fault;

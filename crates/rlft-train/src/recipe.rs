@@ -3,6 +3,7 @@
 //! the nearest valid key; every value is range-checked before any model is loaded.
 
 use crate::correction::{CorrectionSection, RatioReference};
+use crate::distributed::DistributedSection;
 use crate::staleness::AsyncSection;
 use crate::{Result, TrainError};
 use serde::{Deserialize, Serialize};
@@ -58,6 +59,8 @@ pub struct Recipe {
     /// `[[tool]]`s the model may call; when given they make the environment (multi-turn up to
     /// `rollout.max_turns`).
     pub tool: Vec<ToolSpec>,
+    /// `[distributed]`: learner ranks, one per device ([`crate::distributed`]).
+    pub distributed: DistributedSection,
 }
 
 impl Default for Recipe {
@@ -80,6 +83,7 @@ impl Default for Recipe {
             data: DataSection::default(),
             reward: Vec::new(),
             tool: Vec::new(),
+            distributed: DistributedSection::default(),
         }
     }
 }
@@ -99,6 +103,59 @@ pub struct ModelSection {
     /// The reference model's device (`cpu`, `ndarray`, `cuda:1`, …; default the learner's):
     /// its weights move there and only its log-probs come back.
     pub reference_device: Option<String>,
+    /// The float type the model computes in: `f32`, or `bf16` / `f16` with f32 master weights,
+    /// f32 optimiser state and f32 log-probs and losses ([`ModelDtype`]).
+    pub dtype: ModelDtype,
+}
+
+/// The float type of the model's forward passes (`model.dtype`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelDtype {
+    /// Everything in f32.
+    #[default]
+    F32,
+    /// bfloat16 passes: flex, CUDA, and Vulkan devices that report bf16 arithmetic.
+    Bf16,
+    /// float16 passes: flex, CUDA, and wgpu/Vulkan devices that report f16.
+    F16,
+}
+
+impl ModelDtype {
+    /// burn's float type.
+    pub fn float_dtype(self) -> burn::tensor::FloatDType {
+        match self {
+            Self::F32 => burn::tensor::FloatDType::F32,
+            Self::Bf16 => burn::tensor::FloatDType::BF16,
+            Self::F16 => burn::tensor::FloatDType::F16,
+        }
+    }
+
+    /// The recipe's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// Checks that `device` (named `name`, set by recipe key `key`) computes in this type: burn
+    /// 0.22's ndarray backend has no half types, WGSL (plain wgpu) no bf16 and f16 only where
+    /// the adapter offers it.
+    pub fn check(self, device: &burn::tensor::Device, key: &str, name: &str) -> Result<()> {
+        if self == Self::F32 || device.supports_dtype(self.float_dtype()) {
+            return Ok(());
+        }
+        Err(TrainError::Recipe(format!(
+            "model.dtype = \"{}\": the {key} '{name}' has no {} arithmetic (burn 0.22: ndarray \
+             has no half types; wgpu's WGSL has no bf16, and f16 only where the adapter offers \
+             it); set model.dtype = \"f32\", or use a device that has it: flex or cuda (bf16 \
+             and f16), vulkan where the GPU reports it",
+            self.name(),
+            self.name(),
+        )))
+    }
 }
 
 /// A small Llama-style model trained from scratch.
@@ -207,6 +264,10 @@ pub struct RolloutSection {
     pub top_p: f64,
     /// Min-p (0 = off).
     pub min_p: f64,
+    /// Where tokens are drawn: `auto` (on the host for a model in host memory, flex or
+    /// ndarray; else on the device), `host`, or `device` (only the sampled ids and log-probs
+    /// leave the device).
+    pub sample_on: rlft_rollout::SampleOn,
     /// Async mode: the rollout workers' device (`cpu`, `cuda:1`, …; default the learner's).
     pub device: Option<String>,
 }
@@ -224,6 +285,7 @@ impl Default for RolloutSection {
             top_k: 0,
             top_p: 1.0,
             min_p: 0.0,
+            sample_on: rlft_rollout::SampleOn::Auto,
             device: None,
         }
     }

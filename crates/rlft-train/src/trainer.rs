@@ -102,6 +102,8 @@ pub struct Trainer {
     pub(crate) recipe: Recipe,
     pub(crate) device: Device,
     pub(crate) plain: Device,
+    /// `[distributed] devices` past the first (autodiff devices): the learner's other ranks.
+    pub(crate) ranks: Vec<Device>,
     /// The policy (on the autodiff device); `None` only while an optimizer step holds it, so
     /// that its parameters are updated in place ([`Trainer::policy`]).
     pub(crate) policy: Option<Transformer>,
@@ -200,8 +202,15 @@ impl Trainer {
             recipe.output_dir = r.run_dir();
         }
         let algo = resolve_algorithm(&recipe, &ext.registry)?;
-        let plain = rlft_algo::device::resolve(Some(&recipe.device))?;
+        // With data parallelism the first rank's device is the run's.
+        let devices = &recipe.distributed.devices;
+        let plain = rlft_algo::device::resolve(Some(devices.first().unwrap_or(&recipe.device)))?;
         let device = plain.clone().autodiff();
+        let ranks = devices
+            .iter()
+            .skip(1)
+            .map(|d| rlft_algo::device::parse(d).map(|d| d.autodiff()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         device.seed(recipe.seed);
         let out = &recipe.output_dir;
         if resume.is_none()
@@ -238,6 +247,16 @@ impl Trainer {
             let p = Pretrained::load(Path::new(&recipe.model.path), &device, DType::F32)?;
             (p.model, p.tokenizer, p.config)
         };
+        // Half-precision passes where every device of the run has them.
+        let dtype = recipe.model.dtype;
+        dtype.check(&plain, "device", devices.first().unwrap_or(&recipe.device))?;
+        for (d, name) in ranks.iter().zip(devices.iter().skip(1)) {
+            dtype.check(d, "distributed.devices entry", name)?;
+        }
+        if let Some(name) = &recipe.rollout.device {
+            dtype.check(&rlft_algo::device::parse(name)?, "rollout.device", name)?;
+        }
+        let policy = policy.with_compute_dtype(dtype.float_dtype());
         let policy = if recipe.model.lora.rank > 0 {
             let l = &recipe.model.lora;
             policy.with_lora(
@@ -251,8 +270,12 @@ impl Trainer {
                 Some(d) => rlft_algo::device::parse(d)?,
                 None => plain.clone(),
             };
+            if let Some(name) = &recipe.model.reference_device {
+                dtype.check(&device, "model.reference_device", name)?;
+            }
+            // Frozen: stored in the compute type.
             Some(Reference {
-                model: policy.reference_copy(&device),
+                model: policy.reference_copy(&device).cast_to_compute_dtype(),
                 device,
             })
         } else {
@@ -332,6 +355,7 @@ impl Trainer {
             recipe,
             device,
             plain,
+            ranks,
             policy: Some(policy),
             critic,
             reference,

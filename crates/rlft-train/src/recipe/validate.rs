@@ -247,6 +247,9 @@ impl Recipe {
         if let Err((key, e)) = self.asynchrony.check() {
             return bad(key, e);
         }
+        if let Err((key, e)) = self.distributed.check(&self.device) {
+            return bad(key, e);
+        }
         if let Some(d) = &self.model.reference_device {
             if self.algorithm.kl_coef == 0.0 {
                 return bad(

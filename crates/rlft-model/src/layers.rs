@@ -1,0 +1,393 @@
+//! The decoder's building blocks in burn's idiom — `XxxConfig` → `init` → `forward` —
+//! grouped-query attention with RoPE and an optional KV cache, the SwiGLU MLP, and the pre-norm
+//! decoder layer. [`crate::Transformer`] stacks them; the host decode kernels
+//! ([`crate::HostWeights`]) read the same weights and are tested against these passes.
+//!
+//! Every block is built from a constructor of its projections (`linear(name, d_in, d_out,
+//! bias)`, called q, k, v, o, then gate, up, down) and of its norms (`norm(name, width)`), with
+//! the Hugging Face names relative to the layer (`self_attn.q_proj`, `mlp.down_proj`,
+//! `input_layernorm`): `init` uses burn's initialisers, the loaders read the named tensors and
+//! the seeded initialisation draws them in that order.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::{Bool, Device, Tensor};
+use std::convert::Infallible;
+
+/// One layer's cached keys and values, `[batch, kv_heads, len, head_dim]` each.
+pub type KvSlot = Option<(Tensor<4>, Tensor<4>)>;
+
+/// Settings of a grouped-query attention block.
+#[derive(Config, Debug)]
+pub struct AttentionConfig {
+    /// Model width `d`.
+    pub d_model: usize,
+    /// Query heads `H`.
+    pub num_heads: usize,
+    /// Key/value heads (`H` must be a multiple).
+    pub num_kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// Biases on the q/k/v projections (Qwen2).
+    #[config(default = false)]
+    pub bias: bool,
+    /// Per-head RMSNorm on queries and keys (Qwen3).
+    #[config(default = false)]
+    pub qk_norm: bool,
+    /// RMSNorm epsilon.
+    #[config(default = 1e-6)]
+    pub rms_norm_eps: f64,
+}
+
+impl AttentionConfig {
+    /// An attention block with burn's default initialisers.
+    pub fn init(&self, device: &Device) -> Attention {
+        let Ok(a) = self.try_init_with(&mut default_linear(device), &mut default_norm(device));
+        a
+    }
+
+    /// An attention block from `linear(name, d_in, d_out, bias)` (`q_proj`, `k_proj`,
+    /// `v_proj`, `o_proj`, in that order) and `norm(name, width)` (`q_norm`, `k_norm`).
+    pub fn try_init_with<E>(
+        &self,
+        linear: &mut impl FnMut(&str, usize, usize, bool) -> Result<Linear, E>,
+        norm: &mut impl FnMut(&str, usize) -> Result<RmsNorm, E>,
+    ) -> Result<Attention, E> {
+        let (d, hd) = (self.d_model, self.head_dim);
+        let q = self.num_heads * hd;
+        let kv = self.num_kv_heads * hd;
+        Ok(Attention {
+            q_proj: linear("q_proj", d, q, self.bias)?,
+            k_proj: linear("k_proj", d, kv, self.bias)?,
+            v_proj: linear("v_proj", d, kv, self.bias)?,
+            o_proj: linear("o_proj", q, d, false)?,
+            q_norm: self.qk_norm.then(|| norm("q_norm", hd)).transpose()?,
+            k_norm: self.qk_norm.then(|| norm("k_norm", hd)).transpose()?,
+            num_heads: self.num_heads,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: hd,
+        })
+    }
+}
+
+/// One attention block's projections.
+#[derive(Module, Debug)]
+pub struct Attention {
+    /// Query projection `d → H·hd`.
+    pub q_proj: Linear,
+    /// Key projection `d → KVH·hd`.
+    pub k_proj: Linear,
+    /// Value projection `d → KVH·hd`.
+    pub v_proj: Linear,
+    /// Output projection `H·hd → d`.
+    pub o_proj: Linear,
+    /// Per-head query RMSNorm (Qwen3).
+    pub q_norm: Option<RmsNorm>,
+    /// Per-head key RMSNorm (Qwen3).
+    pub k_norm: Option<RmsNorm>,
+    /// Query heads.
+    #[module(skip)]
+    pub num_heads: usize,
+    /// Key/value heads.
+    #[module(skip)]
+    pub num_kv_heads: usize,
+    /// Head width.
+    #[module(skip)]
+    pub head_dim: usize,
+}
+
+impl Attention {
+    /// Causal grouped-query attention over `x`, with RoPE tables `(cos, sin)` and `mask` (true
+    /// = not attended). With a cache `slot`, the new keys and values are appended to the
+    /// cached ones and attended together.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, L, d]`; `cos`, `sin`: `[batch, 1, L, head_dim]`
+    /// - `mask`: `[batch, 1, L, past + L]` → `[batch, L, d]`
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        (cos, sin): (&Tensor<4>, &Tensor<4>),
+        mask: &Tensor<4, Bool>,
+        slot: Option<&mut KvSlot>,
+    ) -> Tensor<3> {
+        let [b, l, _] = x.dims();
+        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let q = self.q_proj.forward(x.clone());
+        let k = self.k_proj.forward(x.clone());
+        let v = self.v_proj.forward(x);
+        let split = |t: Tensor<3>, n: usize| t.reshape([b, l, n, hd]).swap_dims(1, 2);
+        let mut q = split(q, h);
+        let mut k = split(k, kvh);
+        let mut v = split(v, kvh);
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(q);
+            k = kn.forward(k);
+        }
+        let q = apply_rope(q, cos, sin);
+        k = apply_rope(k, cos, sin);
+        if let Some(slot) = slot {
+            if let Some((pk, pv)) = slot.take() {
+                k = Tensor::cat(vec![pk, k], 2);
+                v = Tensor::cat(vec![pv, v], 2);
+            }
+            *slot = Some((k.clone(), v.clone()));
+        }
+        // Grouped-query attention without repeating K/V: the `n = h / kvh` query heads that
+        // share a key/value head are stacked along the query axis, `[b, kvh, n·l, hd]`.
+        let n = h / kvh;
+        let lk = k.dims()[2];
+        let q = q.reshape([b, kvh, n * l, hd]);
+        let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hd as f64).sqrt());
+        let scores = scores
+            .reshape([b, h, l, lk])
+            .mask_fill(mask.clone().expand([b, h, l, lk]), -1e9);
+        let probs = softmax(scores, 3).reshape([b, kvh, n * l, lk]);
+        let out = probs
+            .matmul(v)
+            .reshape([b, h, l, hd])
+            .swap_dims(1, 2)
+            .reshape([b, l, h * hd]);
+        self.o_proj.forward(out)
+    }
+}
+
+/// HF's `rotate_half` RoPE: `x·cos + rotate_half(x)·sin`.
+fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+    let [_, _, _, hd] = x.dims();
+    let x1 = x.clone().narrow(3, 0, hd / 2);
+    let x2 = x.clone().narrow(3, hd / 2, hd / 2);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    x * cos.clone() + rotated * sin.clone()
+}
+
+/// Settings of the SwiGLU MLP.
+#[derive(Config, Debug)]
+pub struct MlpConfig {
+    /// Model width `d`.
+    pub d_model: usize,
+    /// Inner width.
+    pub d_ff: usize,
+}
+
+impl MlpConfig {
+    /// An MLP with burn's default initialisers.
+    pub fn init(&self, device: &Device) -> Mlp {
+        let Ok(m) = self.try_init_with(&mut default_linear(device));
+        m
+    }
+
+    /// An MLP from `linear(name, d_in, d_out, bias)` (`gate_proj`, `up_proj`, `down_proj`, in
+    /// that order).
+    pub fn try_init_with<E>(
+        &self,
+        linear: &mut impl FnMut(&str, usize, usize, bool) -> Result<Linear, E>,
+    ) -> Result<Mlp, E> {
+        let (d, f) = (self.d_model, self.d_ff);
+        Ok(Mlp {
+            gate_proj: linear("gate_proj", d, f, false)?,
+            up_proj: linear("up_proj", d, f, false)?,
+            down_proj: linear("down_proj", f, d, false)?,
+        })
+    }
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) · up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    /// Gate projection.
+    pub gate_proj: Linear,
+    /// Up projection.
+    pub up_proj: Linear,
+    /// Down projection.
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    /// # Shapes
+    /// - `x`: `[batch, L, d]` → `[batch, L, d]`
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.down_proj
+            .forward(silu(self.gate_proj.forward(x.clone())) * self.up_proj.forward(x))
+    }
+}
+
+/// Settings of a pre-norm decoder layer.
+#[derive(Config, Debug)]
+pub struct DecoderLayerConfig {
+    /// The attention block.
+    pub attention: AttentionConfig,
+    /// The MLP's inner width.
+    pub d_ff: usize,
+}
+
+impl DecoderLayerConfig {
+    /// A layer with burn's default initialisers.
+    pub fn init(&self, device: &Device) -> DecoderLayer {
+        let Ok(l) = self.try_init_with(&mut default_linear(device), &mut default_norm(device));
+        l
+    }
+
+    /// A layer from `linear` and `norm` as the blocks take them, with names relative to the
+    /// layer: `self_attn.q_proj` … `mlp.down_proj`, `input_layernorm`,
+    /// `post_attention_layernorm`, `self_attn.q_norm`. Projections are made attention first.
+    pub fn try_init_with<E>(
+        &self,
+        linear: &mut impl FnMut(&str, usize, usize, bool) -> Result<Linear, E>,
+        norm: &mut impl FnMut(&str, usize) -> Result<RmsNorm, E>,
+    ) -> Result<DecoderLayer, E> {
+        let d = self.attention.d_model;
+        let self_attn = self.attention.try_init_with(
+            &mut |n, i, o, b| linear(&format!("self_attn.{n}"), i, o, b),
+            &mut |n, w| norm(&format!("self_attn.{n}"), w),
+        )?;
+        let mlp = MlpConfig::new(d, self.d_ff)
+            .try_init_with(&mut |n, i, o, b| linear(&format!("mlp.{n}"), i, o, b))?;
+        Ok(DecoderLayer {
+            input_layernorm: norm("input_layernorm", d)?,
+            self_attn,
+            post_attention_layernorm: norm("post_attention_layernorm", d)?,
+            mlp,
+        })
+    }
+}
+
+/// Pre-norm decoder layer.
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm,
+    /// Attention.
+    pub self_attn: Attention,
+    /// Norm before the MLP.
+    pub post_attention_layernorm: RmsNorm,
+    /// MLP.
+    pub mlp: Mlp,
+}
+
+impl DecoderLayer {
+    /// `x + attn(norm(x))`, then `+ mlp(norm(·))`; arguments as [`Attention::forward`] takes
+    /// them.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, L, d]` → `[batch, L, d]`
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        rope: (&Tensor<4>, &Tensor<4>),
+        mask: &Tensor<4, Bool>,
+        slot: Option<&mut KvSlot>,
+    ) -> Tensor<3> {
+        let h = self.input_layernorm.forward(x.clone());
+        let x = x + self.self_attn.forward(h, rope, mask, slot);
+        let h = self.post_attention_layernorm.forward(x.clone());
+        x + self.mlp.forward(h)
+    }
+}
+
+fn default_linear(
+    device: &Device,
+) -> impl FnMut(&str, usize, usize, bool) -> Result<Linear, Infallible> + '_ {
+    move |_, d_in, d_out, bias| Ok(LinearConfig::new(d_in, d_out).with_bias(bias).init(device))
+}
+
+fn default_norm(device: &Device) -> impl FnMut(&str, usize) -> Result<RmsNorm, Infallible> + '_ {
+    move |_, width| Ok(RmsNormConfig::new(width).init(device))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Int;
+
+    fn rope(b: usize, l: usize, hd: usize, device: &Device) -> (Tensor<4>, Tensor<4>) {
+        let pos = Tensor::<1, Int>::arange(0..l as i64, device)
+            .float()
+            .reshape([1, 1, l, 1])
+            .expand([b, 1, l, hd]);
+        ((pos.clone() * 0.1).cos(), (pos * 0.1).sin())
+    }
+
+    /// Shapes through a GQA layer; with the output projections zeroed both residual branches
+    /// add nothing, so the layer is the identity.
+    #[test]
+    fn a_layer_with_zero_outputs_is_the_identity() {
+        let device = Device::flex();
+        let cfg = DecoderLayerConfig::new(AttentionConfig::new(16, 4, 2, 4).with_qk_norm(true), 32);
+        let layer = cfg.init(&device);
+        assert_eq!(layer.self_attn.k_proj.weight.dims(), [16, 8]);
+        assert_eq!(layer.mlp.down_proj.weight.dims(), [32, 16]);
+        let (b, l) = (2, 5);
+        let x = Tensor::<1, Int>::arange(0..(b * l * 16) as i64, &device)
+            .float()
+            .reshape([b, l, 16])
+            .mul_scalar(0.01)
+            .sin();
+        let (cos, sin) = rope(b, l, 4, &device);
+        let mask = Tensor::<2, Bool>::tril_mask([l, l], 0, &device)
+            .unsqueeze::<4>()
+            .expand([b, 1, l, l]);
+        let y = layer.forward(x.clone(), (&cos, &sin), &mask, None);
+        assert_eq!(y.dims(), [b, l, 16]);
+        assert!(
+            (y - x.clone()).abs().max().into_scalar::<f32>() > 1e-3,
+            "an initialised layer changes its input"
+        );
+        let zero = |l: Linear| Linear {
+            weight: l.weight.map(|w| w.zeros_like()),
+            bias: l.bias,
+        };
+        let layer = DecoderLayer {
+            self_attn: Attention {
+                o_proj: zero(layer.self_attn.o_proj),
+                ..layer.self_attn
+            },
+            mlp: Mlp {
+                down_proj: zero(layer.mlp.down_proj),
+                ..layer.mlp
+            },
+            ..layer
+        };
+        let y = layer.forward(x.clone(), (&cos, &sin), &mask, None);
+        assert_eq!(
+            (y - x).abs().max().into_scalar::<f32>(),
+            0.0,
+            "zero output projections leave the residual stream as it is"
+        );
+    }
+
+    /// Decoding one token at a time through the cache gives the full pass's outputs.
+    #[test]
+    fn cached_steps_equal_the_full_pass() {
+        let device = Device::flex();
+        let attn = AttentionConfig::new(16, 4, 2, 4).init(&device);
+        let (b, l) = (1, 4);
+        let x = Tensor::<1, Int>::arange(0..(b * l * 16) as i64, &device)
+            .float()
+            .reshape([b, l, 16])
+            .mul_scalar(0.1)
+            .cos();
+        let (cos, sin) = rope(b, l, 4, &device);
+        let causal = |q: usize, k: usize, past: usize| {
+            Tensor::<2, Bool>::tril_mask([q, k], past as i64, &device)
+                .unsqueeze::<4>()
+                .expand([b, 1, q, k])
+        };
+        let full = attn.forward(x.clone(), (&cos, &sin), &causal(l, l, 0), None);
+        let mut slot = None;
+        for t in 0..l {
+            let step = |v: &Tensor<4>| v.clone().narrow(2, t, 1);
+            let y = attn.forward(
+                x.clone().narrow(1, t, 1),
+                (&step(&cos), &step(&sin)),
+                &causal(1, t + 1, t),
+                Some(&mut slot),
+            );
+            let want = full.clone().narrow(1, t, 1);
+            let diff = (y - want).abs().max().into_scalar::<f32>();
+            assert!(diff < 1e-5, "position {t}: {diff}");
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Sampling on the model's device: the tempered softmax, top-k, min-p and top-p filters, the
+//! inverse-CDF draw and the behaviour log-probs run as tensor operations, so only each row's
+//! sampled id and its log-prob leave the device per step (instead of a `[rows, vocab]` block of
+//! logits). The uniform variates come from the host (the same generator, in the same row order
+//! as the host path), so every backend draws the same tokens but where two tokens' cumulative
+//! probabilities lie within f32 rounding of the variate.
+//!
+//! The filters follow the host path ([`super::sample`]): top-k, then min-p relative to the most
+//! likely token, then the smallest prefix whose probability reaches top-p, on the tokens sorted
+//! by probability; without filters the draw walks the vocabulary in id order as the host does.
+//! On wgpu and CUDA burn 0.22 sorts on the host, so the filters cost one round trip of the
+//! logits; the unfiltered draw needs no sort.
+
+use super::SamplingConfig;
+use crate::{Result, RolloutError};
+use burn::tensor::{Int, Tensor, TensorData};
+
+/// The next token of each row and its log-prob `log softmax(x)[token]` from (temperature-scaled)
+/// logits `x`, greedy where `draws` has no variate.
+///
+/// # Shapes
+/// - `logits`: `[rows, vocab]`
+/// - `draws`: one entry per row (all `Some` or all `None`)
+pub(crate) fn pick(
+    logits: Tensor<2>,
+    cfg: &SamplingConfig,
+    draws: &[Option<f64>],
+) -> Result<Vec<(usize, f32)>> {
+    let [n, v] = logits.dims();
+    let device = logits.device();
+    let max = logits.clone().max_dim(1);
+    let shifted = logits - max;
+    // log softmax over the whole vocabulary: μ is the learner's tempered softmax.
+    let p = shifted.clone().exp();
+    let log_total = p.clone().sum_dim(1).log();
+    let uniforms: Option<Vec<f32>> = draws.iter().map(|u| u.map(|u| u as f32)).collect();
+    let token: Tensor<2, Int> = match uniforms {
+        None => shifted.clone().argmax(1),
+        Some(u) => {
+            let u = Tensor::<2>::from_data(TensorData::new(u, [n, 1]), &device);
+            if cfg.has_filters() {
+                filtered(shifted.clone(), cfg, u)
+            } else {
+                inverse_cdf(p, u, v)
+            }
+        }
+    };
+    let lp = shifted.gather(1, token.clone()) - log_total;
+    let ids = token
+        .into_data()
+        .convert::<i64>()
+        .try_into_vec::<i64>()
+        .map_err(|e| RolloutError::Input(format!("sampled ids to host: {e:?}")))?;
+    let lps = lp
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| RolloutError::Input(format!("log-probs to host: {e:?}")))?;
+    Ok(ids
+        .into_iter()
+        .zip(lps)
+        .map(|(t, l)| (t.clamp(0, v as i64 - 1) as usize, l))
+        .collect())
+}
+
+/// The first index where the running sum of the weights `w` exceeds `u` times their total, per
+/// row (clamped to the last index against rounding).
+///
+/// # Shapes
+/// - `w`: `[rows, vocab]`, `u`: `[rows, 1]` → `[rows, 1]`
+fn inverse_cdf(w: Tensor<2>, u: Tensor<2>, v: usize) -> Tensor<2, Int> {
+    let cum = w.cumsum(1);
+    let total = cum.clone().narrow(1, v - 1, 1);
+    let below = cum.lower_equal(total * u).int().sum_dim(1);
+    below.clamp_max(v as i64 - 1)
+}
+
+/// The draw among the tokens kept by top-k, min-p and top-p, as a vocabulary id per row.
+///
+/// # Shapes
+/// - `shifted`: `[rows, vocab]` logits minus their row maximum, `u`: `[rows, 1]` → `[rows, 1]`
+fn filtered(shifted: Tensor<2>, cfg: &SamplingConfig, u: Tensor<2>) -> Tensor<2, Int> {
+    let [n, v] = shifted.dims();
+    let device = shifted.device();
+    let (sorted, order) = shifted.sort_descending_with_indices(1);
+    // Relative probabilities, the most likely token at 1.
+    let p = sorted.exp();
+    let position = Tensor::<1, Int>::arange(0..v as i64, &device)
+        .reshape([1, v])
+        .expand([n, v]);
+    let mut keep = Tensor::<2>::ones([n, v], &device);
+    if cfg.top_k > 0 && cfg.top_k < v {
+        keep = keep * position.lower_elem(cfg.top_k as i64).float();
+    }
+    if cfg.min_p > 0.0 {
+        // The most likely token (at 1 > min_p) always stays.
+        keep = keep * p.clone().greater_equal_elem(cfg.min_p).float();
+    }
+    if cfg.top_p < 1.0 {
+        let w = p.clone() * keep.clone();
+        let total = w.clone().sum_dim(1);
+        // A token stays while the probability of the tokens before it is short of top_p.
+        let before = (w.clone().cumsum(1) - w) / total;
+        keep = keep * before.lower_elem(cfg.top_p).float();
+    }
+    let kept = keep.clone().sum_dim(1).int();
+    let at = inverse_cdf(p * keep, u, v).min_pair(kept - 1);
+    order.gather(1, at)
+}
