@@ -3,7 +3,7 @@
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
-use rlft::train::metrics::read_metrics;
+use rlft::train::metrics::{StepMetrics, read_metrics};
 use rlft::train::{Recipe, Trainer};
 use std::path::Path;
 
@@ -25,20 +25,44 @@ fn parameters(model: &impl Module) -> Vec<f32> {
     c.0
 }
 
+/// One run's policy parameters before and after, and its last metrics line.
+struct Run {
+    before: Vec<f32>,
+    after: Vec<f32>,
+    metrics: StepMetrics,
+}
+
+impl Run {
+    fn metric(&self, key: &str) -> f64 {
+        self.metrics
+            .get(key)
+            .and_then(|v| v.as_f64())
+            .unwrap_or_else(|| panic!("{key} missing"))
+    }
+}
+
+/// Largest |a − b|.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max)
+}
+
 /// The crash test's recipe (warm-up, GRPO with a reference KL and an entropy bonus), 3 prompts
 /// × 4 completions = 12 rows of different lengths and rewards (a length penalty and a regex
-/// term), micro-batches of `micro` rows, one optimiser step, with `ranks` flex ranks (1: no
-/// `[distributed]`). Returns the policy's parameters before and after the step, the step's
-/// reward std and whether the response lengths differ.
-fn one_step(aggregation: &str, micro: usize, ranks: usize) -> (Vec<f32>, Vec<f32>, f64, bool) {
+/// term), one optimiser step, with `sets` and one learner rank per entry of `devices` (none:
+/// no `[distributed]`).
+fn one_step(sets: &[String], devices: &[&str]) -> Run {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(root.join("tests/data/recipes/crash.toml")).unwrap();
     let out = std::env::temp_dir().join(format!(
-        "rlft-dp-{aggregation}-{micro}-{ranks}-{}",
-        std::process::id()
+        "rlft-dp-{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let _ = std::fs::remove_dir_all(&out);
-    let mut sets: Vec<String> = [
+    let mut all: Vec<String> = [
         "schedule.steps=1",
         "sft.steps=30",
         "rollout.max_new_tokens=6",
@@ -54,33 +78,33 @@ fn one_step(aggregation: &str, micro: usize, ranks: usize) -> (Vec<f32>, Vec<f32
     ]
     .map(String::from)
     .to_vec();
-    sets.push(format!("algorithm.aggregation=\"{aggregation}\""));
-    sets.push(format!("algorithm.micro_batch_size={micro}"));
-    sets.push(format!("output_dir=\"{}\"", out.display()));
-    if ranks > 1 {
-        let devices = vec!["\"flex\""; ranks].join(", ");
-        sets.push(format!("distributed.devices=[{devices}]"));
+    all.extend_from_slice(sets);
+    all.push(format!("output_dir=\"{}\"", out.display()));
+    if !devices.is_empty() {
+        let list: Vec<String> = devices.iter().map(|d| format!("\"{d}\"")).collect();
+        all.push(format!("distributed.devices=[{}]", list.join(", ")));
     }
-    let recipe = Recipe::from_toml_str(&text, &sets).unwrap();
+    let recipe = Recipe::from_toml_str(&text, &all).unwrap();
     let mut trainer = Trainer::new(recipe, None).unwrap();
     let before = parameters(trainer.policy());
     let summary = trainer
         .run(None)
-        .unwrap_or_else(|e| panic!("{ranks} ranks: {e}"));
+        .unwrap_or_else(|e| panic!("{devices:?}: {e}"));
     assert_eq!(summary.steps, 1);
     let after = parameters(trainer.policy());
-    let metrics = read_metrics(&out.join("metrics.jsonl")).unwrap();
-    let last = |key: &str| {
-        metrics
-            .iter()
-            .rev()
-            .find_map(|m| m.get(key).and_then(|v| v.as_f64()))
-            .unwrap_or(f64::NAN)
-    };
-    let lengths_differ = last("response_len/mean") < last("response_len/max");
+    let metrics = read_metrics(&out.join("metrics.jsonl"))
+        .unwrap()
+        .pop()
+        .expect("a metrics line");
     std::fs::remove_dir_all(&out).ok();
-    (before, after, last("reward/std"), lengths_differ)
+    Run {
+        before,
+        after,
+        metrics,
+    }
 }
+
+static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Micro-batches of 2 rows line up with every rank's shard; micro-batches of 4 do not with 2
 /// ranks (6 rows each: 4 + 2), so the rows are packed into other passes there.
@@ -94,25 +118,22 @@ fn ranks_take_the_step_of_one_rank_with_every_row() {
             "seq-mean-token-mean",
             "seq-mean-token-sum-norm",
         ] {
-            let (before, one, reward_std, lengths_differ) = one_step(aggregation, micro, 1);
+            let sets = [
+                format!("algorithm.aggregation=\"{aggregation}\""),
+                format!("algorithm.micro_batch_size={micro}"),
+            ];
+            let one = one_step(&sets, &[]);
             assert!(
-                reward_std > 0.0 && lengths_differ,
+                one.metric("reward/std") > 0.0
+                    && one.metric("response_len/mean") < one.metric("response_len/max"),
                 "the rows must differ for the test to mean anything"
             );
-            let moved = before
-                .iter()
-                .zip(&one)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+            let moved = max_diff(&one.before, &one.after);
             assert!(moved > 1e-5, "{aggregation}: the step moved nothing");
             for ranks in [2, 3] {
-                let (start, many, _, _) = one_step(aggregation, micro, ranks);
-                assert_eq!(start, before, "same initial weights");
-                let diff = one
-                    .iter()
-                    .zip(&many)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0f32, f32::max);
+                let many = one_step(&sets, &vec!["flex"; ranks]);
+                assert_eq!(many.before, one.before, "same initial weights");
+                let diff = max_diff(&one.after, &many.after);
                 println!(
                     "{aggregation}, micro-batches of {micro}: {ranks} ranks, max |Δθ| vs 1 rank \
                      {diff:.2e} (the run moved weights by up to {moved:.2e})"
@@ -121,6 +142,33 @@ fn ranks_take_the_step_of_one_rank_with_every_row() {
             }
         }
     }
+}
+
+/// PPO with a critic (GAE, clipped value loss) on two ranks: the policy's step and the value
+/// loss match one rank's; with ndarray compiled in, the second rank is on ndarray (the
+/// gradients cross backends through the host).
+#[test]
+fn ranks_with_a_critic_and_on_another_backend() {
+    let sets = [
+        "model.critic=true",
+        "algorithm.loss=\"ppo\"",
+        "algorithm.advantage=\"gae\"",
+        "algorithm.micro_batch_size=3",
+    ]
+    .map(String::from);
+    let second = if cfg!(feature = "ndarray") {
+        "ndarray"
+    } else {
+        "flex"
+    };
+    let one = one_step(&sets, &[]);
+    let two = one_step(&sets, &["flex", second]);
+    let diff = max_diff(&one.after, &two.after);
+    let (v1, v2) = (one.metric("value_loss"), two.metric("value_loss"));
+    println!("critic, ranks flex + {second}: max |Δθ| {diff:.2e}, value loss {v1} vs {v2}");
+    assert!(max_diff(&one.before, &one.after) > 1e-5);
+    assert!(diff <= 1e-5, "{diff}");
+    assert!((v1 - v2).abs() <= 1e-5 * (1.0 + v1.abs()), "{v1} vs {v2}");
 }
 
 /// A `device` other than the first rank's is refused, naming both keys.
