@@ -101,7 +101,7 @@ fn main() -> Result<()> {
     let params = policy.num_params();
     let bytes_per_param = if dtype == FloatDType::F32 { 4.0 } else { 2.0 };
 
-    // Decode: the frozen policy stored in the compute type, sampling on the device.
+    // Decode: sampling on the device.
     let sampling = SamplingConfig::new()
         .with_max_new_tokens(new_tokens)
         .with_ignore_eos(true)
@@ -114,7 +114,9 @@ fn main() -> Result<()> {
         sampler.generate(&p, &sampling)?;
         Ok((rows * new_tokens) as f64 / t.elapsed().as_secs_f64())
     };
-    let frozen = policy.valid().cast_to_compute_dtype();
+    // The frozen policy as the trainer hands it to its sampler (f32 master weights; the
+    // sampler casts them to the compute type once per set of weights).
+    let frozen = policy.valid();
     let b1 = decode(&frozen, 1)?;
     let bn = decode(&frozen, batch)?;
     drop(frozen);

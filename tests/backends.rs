@@ -307,8 +307,13 @@ fn device_draw_matches_the_host_draw() {
                 let u = u[r].unwrap_or_else(|| panic!("{name}: greedy picks differ in row {r}"));
                 let (order, cdf) = host_cdf(x, cfg);
                 let at = |t: usize| order.iter().position(|&i| i == t);
-                let (a, b) = (at(h.0), at(d.0).unwrap_or(order.len() - 1));
-                let a = a.expect("the host's token is in its own distribution");
+                let a = at(h.0).expect("the host's token is in its own distribution");
+                let b = at(d.0).unwrap_or_else(|| {
+                    panic!(
+                        "{name} {cfg:?} row {r}: device token {} is filtered out",
+                        d.0
+                    )
+                });
                 let gap = cdf[a.min(b)..a.max(b).max(a.min(b) + 1)]
                     .iter()
                     .map(|c| (c - u).abs())

@@ -13,7 +13,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::activation::{silu, softmax};
-use burn::tensor::{Bool, Device, Tensor};
+use burn::tensor::{Bool, DType, Device, Tensor};
 use std::convert::Infallible;
 
 /// One layer's cached keys and values, `[batch, kv_heads, len, head_dim]` each.
@@ -141,9 +141,16 @@ impl Attention {
         let lk = k.dims()[2];
         let q = q.reshape([b, kvh, n * l, hd]);
         let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hd as f64).sqrt());
+        // f16 cannot hold -1e9 (it becomes -inf, and a query that sees no key — padding —
+        // would then softmax to NaN): its most negative finite value instead.
+        let masked = if scores.dtype() == DType::F16 {
+            -65504.0
+        } else {
+            -1e9
+        };
         let scores = scores
             .reshape([b, h, l, lk])
-            .mask_fill(mask.clone().expand([b, h, l, lk]), -1e9);
+            .mask_fill(mask.clone().expand([b, h, l, lk]), masked);
         let probs = softmax(scores, 3).reshape([b, kvh, n * l, lk]);
         let out = probs
             .matmul(v)

@@ -82,7 +82,8 @@ impl ModuleMapper for CastParams {
 
 impl Transformer {
     /// The model computing its forward passes in `dtype` (see [`Transformer::compute_dtype`]);
-    /// the weights keep their type.
+    /// the weights keep their type. The device must have that arithmetic
+    /// (`Device::supports_dtype`; the trainer checks `model.dtype`).
     pub fn with_compute_dtype(mut self, dtype: FloatDType) -> Self {
         self.compute_dtype = dtype;
         self
@@ -98,7 +99,8 @@ impl Transformer {
         self.map(&mut CastParams(dtype))
     }
 
-    fn weights_in_compute_dtype(&self) -> bool {
+    /// Whether the weights are stored in the compute type (no cast per pass).
+    pub fn weights_in_compute_dtype(&self) -> bool {
         self.embed_tokens.weight.val().dtype() == DType::from(self.compute_dtype)
     }
 
@@ -185,17 +187,22 @@ impl Transformer {
         logits.cast(FloatDType::F32)
     }
 
-    fn hidden_states_cached(
+    fn hidden_states_cached(&self, input: &ForwardInput, cache: Option<&mut KvCache>) -> Tensor<3> {
+        if self.weights_in_compute_dtype() {
+            self.hidden_states_in_place(input, cache)
+        } else {
+            self.clone()
+                .cast_to_compute_dtype()
+                .hidden_states_in_place(input, cache)
+        }
+    }
+
+    /// [`Transformer::hidden_states_cached`] with the weights as they are.
+    fn hidden_states_in_place(
         &self,
         input: &ForwardInput,
         mut cache: Option<&mut KvCache>,
     ) -> Tensor<3> {
-        if !self.weights_in_compute_dtype() {
-            return self
-                .clone()
-                .cast_to_compute_dtype()
-                .hidden_states_cached(input, cache);
-        }
         let [b, l] = input.input_ids.dims();
         let device = input.input_ids.device();
         let mut x = self.embed_tokens.forward(input.input_ids.clone());

@@ -538,6 +538,48 @@ fn half_precision_compute_stays_near_f32() {
                     }
                 }
             }
+            // A left-padded batch: the padding queries see no key at all, which must not turn
+            // into NaN (f16 cannot hold the -1e9 mask value), and the real rows stay near
+            // transformers' logits.
+            let batch = &expected["batch_left_padded"];
+            let rows: Vec<Vec<i64>> = batch["input_ids"]
+                .as_array()
+                .expect("rows")
+                .iter()
+                .map(ids)
+                .collect();
+            let (b, l) = (rows.len(), rows[0].len());
+            let flat = |key: &str| -> Vec<i64> {
+                batch[key]
+                    .as_array()
+                    .expect("rows")
+                    .iter()
+                    .flat_map(ids)
+                    .collect()
+            };
+            let input = ForwardInput {
+                input_ids: int2(rows.concat(), [b, l], &device),
+                position_ids: int2(flat("position_ids"), [b, l], &device),
+                attention_mask: Some(int2(flat("attention_mask"), [b, l], &device)),
+                segment_ids: None,
+                prefix_ids: None,
+            };
+            let (got, [_, _, v]) = logits(&model, input);
+            assert!(
+                got.iter().all(|x| x.is_finite()),
+                "{name} {dtype:?}: padded batch"
+            );
+            let cases = expected["cases"].as_array().expect("cases");
+            for (row, case) in cases.iter().take(b).enumerate() {
+                let want = floats(&case["logits"]);
+                let n = want.len() / v;
+                let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                let diff = max_diff(&got[(row * l + (l - n)) * v..(row * l + l) * v], &want);
+                assert!(
+                    diff < tolerance * scale,
+                    "{name} {dtype:?} padded row {row}: {diff}"
+                );
+            }
         }
     }
     // Gradients: f32, on the f32 weights, close to those of an f32 pass.

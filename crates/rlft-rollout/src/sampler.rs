@@ -341,6 +341,12 @@ impl<'a> Sampler<'a> {
         let mut version = updates.as_ref().map_or(0, |u| u.version);
         // The weights switched to (with their host copies), once an update arrived.
         let mut current: Option<(WeightUpdate, Option<HostWeights>)> = None;
+        // Weights kept in another type than the model computes in (f32 masters of a bf16 model)
+        // are cast once per set of weights here, not in every decode step.
+        let cast = |m: &Transformer| {
+            (!m.weights_in_compute_dtype()).then(|| m.clone().cast_to_compute_dtype())
+        };
+        let mut compute = cast(self.model);
         let mut initial = true;
         let mut cache = KvCache::new();
         let temperature = if cfg.temperature > 0.0 {
@@ -379,9 +385,12 @@ impl<'a> Sampler<'a> {
                     cache = KvCache::new();
                     host_cache = None;
                 }
+                compute = cast(&w.model);
                 current = Some((w, host));
             }
-            let model = current.as_ref().map_or(self.model, |(w, _)| &w.model);
+            let model = compute
+                .as_ref()
+                .unwrap_or_else(|| current.as_ref().map_or(self.model, |(w, _)| &w.model));
             let n = rows.len();
             let prefill = prompt_input.is_some();
             let host = if prefill || n > DECODE_ROWS || on_device {

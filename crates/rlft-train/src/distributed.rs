@@ -53,7 +53,13 @@ impl DistributedSection {
             }
         }
         let device = device.trim();
-        if !(device.is_empty() || device.eq_ignore_ascii_case("auto") || device == first.trim()) {
+        let same = |a: &str, b: &str| {
+            matches!(
+                (rlft_algo::device::parse(a), rlft_algo::device::parse(b)),
+                (Ok(a), Ok(b)) if a == b
+            )
+        };
+        if !(device.is_empty() || device.eq_ignore_ascii_case("auto") || same(device, first)) {
             return Err((
                 "device",
                 format!(

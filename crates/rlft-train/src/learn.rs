@@ -81,17 +81,25 @@ impl Trainer {
                 };
                 let mut policy_grads = Vec::with_capacity(ranks);
                 let mut critic_grads = Vec::with_capacity(ranks);
+                let mut step_value_loss = 0.0;
                 for (k, shard) in crate::distributed::shard(&mini, ranks)
                     .into_iter()
                     .enumerate()
                 {
+                    if shard.is_empty() {
+                        continue;
+                    }
                     let replica;
-                    let (policy, critic, device) = match k.checked_sub(1) {
+                    let (policy, critic, device) = match k.checked_sub(1).map(|r| &self.ranks[r]) {
+                        // Rank 0, or a rank on rank 0's device: the policy itself (its backward
+                        // passes add up as gradient accumulation does).
                         None => (self.policy(), self.critic.as_ref(), &self.device),
-                        Some(r) => {
+                        Some(d) if *d == self.device => {
+                            (self.policy(), self.critic.as_ref(), &self.device)
+                        }
+                        Some(device) => {
                             // This step's weights on the rank's device, with their own
                             // autodiff graph.
-                            let device = &self.ranks[r];
                             replica = (
                                 self.policy().clone().fork(device),
                                 self.critic.clone().map(|c| c.fork(device)),
@@ -105,9 +113,14 @@ impl Trainer {
                         *s += p;
                     }
                     count += part.micro_batches;
-                    value_losses.extend(part.value_losses);
+                    step_value_loss += part.value_losses.iter().sum::<f64>();
                     policy_grads.push(part.policy);
                     critic_grads.extend(part.critic);
+                }
+                if self.critic.is_some() {
+                    // Each micro-batch's value loss is its share of the mini-batch's (global
+                    // normalisation): their sum is the step's, whatever the micro-batching.
+                    value_losses.push(step_value_loss);
                 }
                 let grads = sum_gradients(self.policy(), policy_grads, &self.device);
                 let critic_grads = self

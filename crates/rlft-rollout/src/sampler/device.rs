@@ -33,7 +33,12 @@ pub(crate) fn pick(
     // log softmax over the whole vocabulary: μ is the learner's tempered softmax.
     let p = shifted.clone().exp();
     let log_total = p.clone().sum_dim(1).log();
-    let uniforms: Option<Vec<f32>> = draws.iter().map(|u| u.map(|u| u as f32)).collect();
+    // Below 1 in f32 too (a variate within 2^-25 of 1 would round to it).
+    let below_one = f32::from_bits(0x3F7F_FFFF);
+    let uniforms: Option<Vec<f32>> = draws
+        .iter()
+        .map(|u| u.map(|u| (u as f32).min(below_one)))
+        .collect();
     let token: Tensor<2, Int> = match uniforms {
         None => shifted.clone().argmax(1),
         Some(u) => {
@@ -69,10 +74,16 @@ pub(crate) fn pick(
 /// # Shapes
 /// - `w`: `[rows, vocab]`, `u`: `[rows, 1]` → `[rows, 1]`
 fn inverse_cdf(w: Tensor<2>, u: Tensor<2>, v: usize) -> Tensor<2, Int> {
+    let [n, _] = w.dims();
+    let position = Tensor::<1, Int>::arange(0..v as i64, &w.device())
+        .reshape([1, v])
+        .expand([n, v]);
+    // The last token with weight, should rounding leave the running sum short of the target.
+    let last = (w.clone().greater_elem(0.0).int() * position).max_dim(1);
     let cum = w.cumsum(1);
     let total = cum.clone().narrow(1, v - 1, 1);
     let below = cum.lower_equal(total * u).int().sum_dim(1);
-    below.clamp_max(v as i64 - 1)
+    below.min_pair(last)
 }
 
 /// The draw among the tokens kept by top-k, min-p and top-p, as a vocabulary id per row.
@@ -103,7 +114,8 @@ fn filtered(shifted: Tensor<2>, cfg: &SamplingConfig, u: Tensor<2>) -> Tensor<2,
         let before = (w.clone().cumsum(1) - w) / total;
         keep = keep * before.lower_elem(cfg.top_p).float();
     }
-    let kept = keep.clone().sum_dim(1).int();
+    // At least the most likely token (a top_p that rounds to 0 in f32 would keep none).
+    let kept = keep.clone().sum_dim(1).int().clamp_min(1);
     let at = inverse_cdf(p * keep, u, v).min_pair(kept - 1);
     order.gather(1, at)
 }
