@@ -106,10 +106,19 @@ fn one_step(sets: &[String], devices: &[&str]) -> Run {
 
 static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// The runs compared here share the CPU's thread pool: one at a time, so that no other test's
+/// work changes how their parallel reductions split.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Micro-batches of 2 rows line up with every rank's shard; micro-batches of 4 do not with 2
 /// ranks (6 rows each: 4 + 2), so the rows are packed into other passes there.
 #[test]
 fn ranks_take_the_step_of_one_rank_with_every_row() {
+    let _serial = serial();
     for micro in [2, 4] {
         for aggregation in [
             "token-mean",
@@ -146,9 +155,10 @@ fn ranks_take_the_step_of_one_rank_with_every_row() {
 
 /// PPO with a critic (GAE, clipped value loss) on two ranks: the policy's step and the value
 /// loss match one rank's; with ndarray compiled in, the second rank is on ndarray (the
-/// gradients cross backends through the host).
+/// gradients cross backends through the host) and at most 0.1 % of the weights may differ.
 #[test]
 fn ranks_with_a_critic_and_on_another_backend() {
+    let _serial = serial();
     let sets = [
         "model.critic=true",
         "algorithm.loss=\"ppo\"",
@@ -163,11 +173,23 @@ fn ranks_with_a_critic_and_on_another_backend() {
     };
     let one = one_step(&sets, &[]);
     let two = one_step(&sets, &["flex", second]);
-    let diff = max_diff(&one.after, &two.after);
+    // The two backends' kernels round differently, so a gradient that is zero up to rounding
+    // may change sign, and Adam's first step (≈ lr · g / |g|) moves that weight by ±lr either
+    // way: a few such weights may differ, every other one must agree.
+    let off = one
+        .after
+        .iter()
+        .zip(&two.after)
+        .filter(|(a, b)| (*a - *b).abs() > 1e-5)
+        .count();
     let (v1, v2) = (one.metric("value_loss"), two.metric("value_loss"));
-    println!("critic, ranks flex + {second}: max |Δθ| {diff:.2e}, value loss {v1} vs {v2}");
+    println!(
+        "critic, ranks flex + {second}: {off} of {} weights differ by more than 1e-5, value loss \
+         {v1} vs {v2}",
+        one.after.len()
+    );
     assert!(max_diff(&one.before, &one.after) > 1e-5);
-    assert!(diff <= 1e-5, "{diff}");
+    assert!(off * 1000 <= one.after.len(), "{off} weights differ");
     assert!((v1 - v2).abs() <= 1e-5 * (1.0 + v1.abs()), "{v1} vs {v2}");
 }
 

@@ -21,6 +21,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 mod device;
+mod host;
+
+pub use device::draw_on_device;
+pub use host::draw_on_host;
+#[cfg(test)]
+use host::{argmax, sample};
 
 /// Where tokens are drawn from the logits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -466,7 +472,7 @@ impl<'a> Sampler<'a> {
                     } else {
                         logits
                     };
-                    device::pick(logits, cfg, &draws)?
+                    draw_on_device(logits, cfg, &draws)?
                 }
             };
             let mut keep = Vec::with_capacity(rows.len());
@@ -595,134 +601,12 @@ impl<'a> Sampler<'a> {
     }
 }
 
-/// One token per row drawn on the host from row-major `[rows, vocab]` (temperature-scaled)
-/// logits with the uniform variates `draws` (greedy where `None`): the draw of
-/// [`SampleOn::Host`]. Returns each token and its log-prob under the full softmax.
-pub fn draw_on_host(
-    logits: &[f32],
-    vocab: usize,
-    cfg: &SamplingConfig,
-    draws: &[Option<f64>],
-) -> Vec<(usize, f32)> {
-    logits
-        .par_chunks(vocab)
-        .zip(draws)
-        .map(|(x, u)| pick(x, cfg, *u))
-        .collect()
-}
-
-/// As [`draw_on_host`] on the logits' device ([`SampleOn::Device`]): only the tokens and their
-/// log-probs are read back.
-///
-/// # Shapes
-/// - `logits`: `[rows, vocab]`; `draws`: one per row, all `Some` or all `None`
-///
-/// # Errors
-/// When the results cannot be read back from the device.
-pub fn draw_on_device(
-    logits: Tensor<2>,
-    cfg: &SamplingConfig,
-    draws: &[Option<f64>],
-) -> Result<Vec<(usize, f32)>> {
-    device::pick(logits, cfg, draws)
-}
-
 /// One decode step's last-position logits: on the host, or still on the device.
 enum StepLogits {
     /// Row-major `[rows, vocab]`.
     Host(Vec<f32>),
     /// `[rows, vocab]` (boxed: a tensor handle is far larger than a `Vec`).
     Device(Box<Tensor<2>>),
-}
-
-fn argmax(x: &[f32]) -> usize {
-    x.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
-            if v > bv { (i, v) } else { (bi, bv) }
-        })
-        .0
-}
-
-/// The next token and its log-prob `log softmax(x)[token]` from (temperature-scaled) logits
-/// `x`: greedy without a variate `u`, else drawn as [`sample`] does. One pass of `exp` serves
-/// both the normaliser and the draw.
-fn pick(x: &[f32], cfg: &SamplingConfig, u: Option<f64>) -> (usize, f32) {
-    let (max, p, total) = exp_weights(x);
-    let token = match u {
-        None => argmax(x),
-        Some(u) if !cfg.has_filters() => inverse_cdf(&p, u * total),
-        Some(u) => sample(x, cfg, u),
-    };
-    (token, x[token] - max - total.ln() as f32)
-}
-
-/// `(max x, exp(x − max), Σ exp(x − max))`: the unnormalised probabilities of logits `x`.
-fn exp_weights(x: &[f32]) -> (f32, Vec<f32>, f64) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let p: Vec<f32> = x.iter().map(|&v| (v - max).exp()).collect();
-    let total = p.iter().map(|&q| f64::from(q)).sum();
-    (max, p, total)
-}
-
-/// The first index where the running sum of `p` exceeds `target` (the last nonzero one if
-/// rounding leaves it short).
-fn inverse_cdf(p: &[f32], target: f64) -> usize {
-    let mut acc = 0.0f64;
-    let mut last = 0;
-    for (i, &q) in p.iter().enumerate() {
-        if q > 0.0 {
-            last = i;
-        }
-        acc += f64::from(q);
-        if acc > target {
-            return i;
-        }
-    }
-    last
-}
-
-/// Draws a token from log-probs (or logits) `lp` with uniform variate `u ∈ [0, 1)`, applying
-/// top-k, min-p and top-p (in that order, as vLLM does) when set.
-fn sample(lp: &[f32], cfg: &SamplingConfig, u: f64) -> usize {
-    if !cfg.has_filters() {
-        let (_, p, total) = exp_weights(lp);
-        return inverse_cdf(&p, u * total);
-    }
-    let mut idx: Vec<usize> = (0..lp.len()).collect();
-    if cfg.top_k > 0 && cfg.top_k < idx.len() {
-        idx.select_nth_unstable_by(cfg.top_k - 1, |&a, &b| lp[b].total_cmp(&lp[a]));
-        idx.truncate(cfg.top_k);
-    }
-    idx.sort_unstable_by(|&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
-    let max = lp[idx[0]] as f64;
-    let mut probs: Vec<f64> = idx.iter().map(|&i| (lp[i] as f64 - max).exp()).collect();
-    if cfg.min_p > 0.0 {
-        let keep = probs.iter().take_while(|&&p| p >= cfg.min_p).count().max(1);
-        probs.truncate(keep);
-    }
-    if cfg.top_p < 1.0 {
-        let total: f64 = probs.iter().sum();
-        let mut acc = 0.0;
-        let mut keep = probs.len();
-        for (i, p) in probs.iter().enumerate() {
-            acc += p / total;
-            if acc >= cfg.top_p {
-                keep = i + 1;
-                break;
-            }
-        }
-        probs.truncate(keep);
-    }
-    let target = u * probs.iter().sum::<f64>();
-    let mut acc = 0.0;
-    for (i, p) in probs.iter().enumerate() {
-        acc += p;
-        if acc > target {
-            return idx[i];
-        }
-    }
-    idx[probs.len() - 1]
 }
 
 /// Sequences left-padded into one prefill input (positions from 0 at each sequence's first

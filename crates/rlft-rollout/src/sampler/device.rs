@@ -5,7 +5,7 @@
 //! as the host path), so every backend draws the same tokens but where two tokens' cumulative
 //! probabilities lie within f32 rounding of the variate.
 //!
-//! The filters follow the host path ([`super::sample`]): top-k, then min-p relative to the most
+//! The filters follow the host path ([`super::draw_on_host`]): top-k, then min-p relative to the most
 //! likely token, then the smallest prefix whose probability reaches top-p, on the tokens sorted
 //! by probability; without filters the draw walks the vocabulary in id order as the host does.
 //! On wgpu and CUDA burn 0.22 sorts on the host, so the filters cost one round trip of the
@@ -15,13 +15,15 @@ use super::SamplingConfig;
 use crate::{Result, RolloutError};
 use burn::tensor::{Int, Tensor, TensorData};
 
-/// The next token of each row and its log-prob `log softmax(x)[token]` from (temperature-scaled)
-/// logits `x`, greedy where `draws` has no variate.
+/// As [`super::draw_on_host`] on the logits' device ([`SampleOn::Device`](super::SampleOn::Device)): only the tokens
+/// and their log-probs are read back.
 ///
 /// # Shapes
-/// - `logits`: `[rows, vocab]`
-/// - `draws`: one entry per row (all `Some` or all `None`)
-pub(crate) fn pick(
+/// - `logits`: `[rows, vocab]`; `draws`: one per row, all `Some` or all `None`
+///
+/// # Errors
+/// When the results cannot be read back from the device.
+pub fn draw_on_device(
     logits: Tensor<2>,
     cfg: &SamplingConfig,
     draws: &[Option<f64>],
