@@ -70,6 +70,35 @@ fn int2(v: Vec<i64>, dims: [usize; 2], device: &Device) -> Tensor<2, Int> {
 }
 
 /// Greedy decoding with the KV cache, EOS not stopping: prefill, then one token per step.
+/// The fixture's `batch_left_padded` as one forward input (ids, per-row positions, attention
+/// mask) and its `[rows, width]`.
+fn left_padded_batch(expected: &Value, device: &Device) -> (ForwardInput, [usize; 2]) {
+    let batch = &expected["batch_left_padded"];
+    let rows: Vec<Vec<i64>> = batch["input_ids"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(ids)
+        .collect();
+    let (b, l) = (rows.len(), rows[0].len());
+    let flat = |key: &str| -> Vec<i64> {
+        batch[key]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .flat_map(ids)
+            .collect()
+    };
+    let input = ForwardInput {
+        input_ids: int2(rows.concat(), [b, l], device),
+        position_ids: int2(flat("position_ids"), [b, l], device),
+        attention_mask: Some(int2(flat("attention_mask"), [b, l], device)),
+        segment_ids: None,
+        prefix_ids: None,
+    };
+    (input, [b, l])
+}
+
 fn greedy_cached(model: &Transformer, prompt: &[i64], steps: usize, device: &Device) -> Vec<i64> {
     let mut cache = KvCache::new();
     let mut seq = prompt.to_vec();
@@ -198,29 +227,7 @@ fn check_fixture(name: &str) {
         per_case.push((got, v));
     }
 
-    let batch = &expected["batch_left_padded"];
-    let rows: Vec<Vec<i64>> = batch["input_ids"]
-        .as_array()
-        .expect("rows")
-        .iter()
-        .map(ids)
-        .collect();
-    let (b, l) = (rows.len(), rows[0].len());
-    let flat = |key: &str| -> Vec<i64> {
-        batch[key]
-            .as_array()
-            .expect("rows")
-            .iter()
-            .flat_map(ids)
-            .collect()
-    };
-    let input = ForwardInput {
-        input_ids: int2(rows.concat(), [b, l], &device),
-        position_ids: int2(flat("position_ids"), [b, l], &device),
-        attention_mask: Some(int2(flat("attention_mask"), [b, l], &device)),
-        segment_ids: None,
-        prefix_ids: None,
-    };
+    let (input, [b, l]) = left_padded_batch(&expected, &device);
     let (got, [_, _, v]) = logits(&model, input.clone());
     let cached = incremental(&model, &input, l - 3, None);
     let kernels = incremental(&model, &input, l - 3, Some(&host));
@@ -541,29 +548,7 @@ fn half_precision_compute_stays_near_f32() {
             // A left-padded batch: the padding queries see no key at all, which must not turn
             // into NaN (f16 cannot hold the -1e9 mask value), and the real rows stay near
             // transformers' logits.
-            let batch = &expected["batch_left_padded"];
-            let rows: Vec<Vec<i64>> = batch["input_ids"]
-                .as_array()
-                .expect("rows")
-                .iter()
-                .map(ids)
-                .collect();
-            let (b, l) = (rows.len(), rows[0].len());
-            let flat = |key: &str| -> Vec<i64> {
-                batch[key]
-                    .as_array()
-                    .expect("rows")
-                    .iter()
-                    .flat_map(ids)
-                    .collect()
-            };
-            let input = ForwardInput {
-                input_ids: int2(rows.concat(), [b, l], &device),
-                position_ids: int2(flat("position_ids"), [b, l], &device),
-                attention_mask: Some(int2(flat("attention_mask"), [b, l], &device)),
-                segment_ids: None,
-                prefix_ids: None,
-            };
+            let (input, [b, l]) = left_padded_batch(&expected, &device);
             let (got, [_, _, v]) = logits(&model, input);
             assert!(
                 got.iter().all(|x| x.is_finite()),

@@ -182,6 +182,11 @@ impl LearnerBatch {
         self.targets.len()
     }
 
+    /// The device its tensors are built on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// The same rows, building their tensors on `device`.
     pub fn to_device(&self, device: &Device) -> Self {
         Self {

@@ -205,10 +205,7 @@ impl Trainer {
         for micro in self.micro_batches(shard, rows) {
             let refs: Vec<&Row> = micro.iter().map(|&i| &rows[i]).collect();
             let ids = self.pack_on(&refs, device);
-            let per_token = |field: &dyn Fn(&Row) -> &[f32]| {
-                let r = ids.response_len();
-                t2(device, aligned(&refs, r, field), refs.len(), r)
-            };
+            let per_token = |field: &dyn Fn(&Row) -> &[f32]| self.per_token(&ids, &refs, field);
             let mask = per_token(&|r| &r.mask);
             let old = per_token(&|r| &r.old_lp);
             let adv = per_token(&|r| &r.adv);
@@ -353,7 +350,7 @@ impl Trainer {
     }
 
     /// The per-response-token values `field` of the rows packed as `batch`, as `[n, R]` (`R` the
-    /// longest response, zeros past each row's values).
+    /// longest response, zeros past each row's values), on the batch's device.
     pub(crate) fn per_token(
         &self,
         batch: &LearnerBatch,
@@ -361,7 +358,7 @@ impl Trainer {
         field: impl Fn(&Row) -> &[f32],
     ) -> Tensor<2> {
         let r = batch.response_len();
-        t2(&self.device, aligned(rows, r, field), rows.len(), r)
+        t2(batch.device(), aligned(rows, r, field), rows.len(), r)
     }
 }
 
