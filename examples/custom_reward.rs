@@ -5,9 +5,9 @@
 //! cargo run --release --example custom_reward [-- --steps N]
 //! ```
 //! The reward adds a bonus for answers written without extra text; the loss is a truncated-IS
-//! policy gradient `−sg(min(ρ, C))·A·log πθ` registered next to the built-ins. The run uses
-//! `recipes/quickstart.toml` (a tiny model from scratch) with that loss, writing to
-//! `runs/custom_reward`.
+//! policy gradient `−sg(min(ρ, C))·A·log πθ` registered next to the built-ins. The run trains
+//! from `recipes/custom-loss.toml` (the quickstart's tiny model from scratch), whose
+//! `algorithm.loss` names the registered loss; it writes to `runs/custom_reward`.
 
 mod common;
 
@@ -38,21 +38,16 @@ impl Reward for Terse {
 fn main() -> Result<()> {
     let args = Args::parse(&[("steps", true)]).map_err(anyhow::Error::msg)?;
     let steps: usize = args.get("steps", 20).map_err(anyhow::Error::msg)?;
-    let out = Path::new("runs/custom_reward");
-    if out.exists() {
-        std::fs::remove_dir_all(out)?;
-    }
-    let mut recipe = Recipe::load(
-        Path::new("recipes/quickstart.toml"),
-        &[
-            format!("output_dir=\"{}\"", out.display()),
-            format!("schedule.steps={steps}"),
-            "eval.every=0".into(),
-        ],
+    let recipe = Recipe::load(
+        Path::new("recipes/custom-loss.toml"),
+        &[format!("schedule.steps={steps}")],
     )?;
+    // A rerun starts afresh.
+    if recipe.output_dir.exists() {
+        std::fs::remove_dir_all(&recipe.output_dir)?;
+    }
     let mut registry = LossRegistry::with_builtins();
     registry.register("truncated_is_pg", TruncatedIsPg { cap: 2.0 });
-    recipe.algorithm.loss = "truncated_is_pg".into();
     let ext = Extensions {
         registry,
         rewards: vec![(0.2, Arc::new(Terse) as Arc<dyn Reward>)],

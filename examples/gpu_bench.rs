@@ -22,6 +22,7 @@
 use anyhow::Result;
 use rlft::algo::advantage::AdvantageEstimator;
 use rlft::algo::loss::LossRegistry;
+use rlft::algo::seed::{spread, xorshift64};
 use rlft::burn::module::Module;
 use rlft::burn::optim::AdamWConfig;
 use rlft::burn::tensor::{Device, FloatDType};
@@ -48,14 +49,12 @@ fn architecture(size: &str) -> Result<TransformerConfig> {
 
 /// `n` prompts of 32 pseudo-random token ids (from `seed`), below `vocab`.
 fn prompts(n: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut s = spread(seed) | 1;
     (0..n)
         .map(|_| {
             (0..32)
                 .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
+                    s = xorshift64(s);
                     (s % vocab as u64) as u32
                 })
                 .collect()

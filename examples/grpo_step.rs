@@ -1,4 +1,4 @@
-//! Times full GRPO steps as `../shared/anchors/bench_hf.py --only grpo` runs them in TRL's
+//! Times full GRPO steps as `scripts/bench_hf.py --only grpo` runs them in TRL's
 //! `GRPOTrainer`, and splits each step into generate / score / train.
 //!
 //! ```text

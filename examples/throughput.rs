@@ -1,4 +1,4 @@
-//! Generation and forward throughput, measured as `shared/anchors/bench_hf.py` measures
+//! Generation and forward throughput, measured as `scripts/bench_hf.py` measures
 //! PyTorch/transformers, printed as one JSON line.
 //!
 //! ```text
@@ -19,6 +19,7 @@ mod common;
 
 use anyhow::Result;
 use burn::tensor::{Int, Tensor, TensorData};
+use rlft::algo::seed::{GOLDEN_GAMMA, xorshift64};
 use rlft::cli::Args;
 use rlft::model::ForwardInput;
 use rlft::rollout::{Sampler, SamplingConfig};
@@ -82,12 +83,10 @@ fn main() -> Result<()> {
     }
     let (b, t) = (8usize, 128usize);
     let vocab = p.config.vocab_size as u64;
-    let mut state = 0x9E3779B97F4A7C15u64;
+    let mut state = GOLDEN_GAMMA;
     let rand_ids: Vec<i64> = (0..b * t)
         .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
+            state = xorshift64(state);
             (17 + state % (vocab - 17)) as i64
         })
         .collect();

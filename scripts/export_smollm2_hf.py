@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """SmolLM2-135M-Instruct GGUF → plain HF safetensors folder with transformers' own GGUF loader
-(dequantised to float32), for `../shared/anchors/bench_hf.py --model build/smollm2-hf`.
+(dequantised to float32), for `python3 scripts/bench_hf.py --model build/smollm2-hf`.
 
     pip install torch transformers gguf accelerate
     python3 scripts/export_smollm2_hf.py [--gguf models/SmolLM2-135M-Instruct.Q4_1.gguf] [--out build/smollm2-hf]
 
-`shared/anchors/export_smollm2.py` does the same but stops at `save_pretrained` on transformers
-5.24 ("quantized with gguf ... not serializable"); this drops the quantizer marker first. The
-tokenizer repairs of that script (eos, digit split) do not matter for timing.
+On transformers 5.24 `save_pretrained` refuses a model loaded from a GGUF ("quantized with gguf
+... not serializable"); this script drops the quantizer marker first. The tokenizer is saved as
+transformers reads it from the GGUF, without repairs (eos, digit split): they do not matter for
+timing.
 """
 import argparse
 import os

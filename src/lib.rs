@@ -12,11 +12,13 @@
 //! - [`train`] (`rlft-train`): recipes, the RL loop, checkpoints, metrics and plots.
 //! - [`device`]: backend selection from a device string (`flex`, `wgpu:cpu`, `cuda:0`, ...).
 
+#![warn(missing_docs)]
+
 /// burn, the version rlft is built on: a trainer written against rlft uses these types.
 pub use burn;
 pub use rlft_algo as algo;
-pub use rlft_algo::device;
 pub use rlft_model as model;
+pub use rlft_model::device;
 pub use rlft_rollout as rollout;
 pub use rlft_train as train;
 

@@ -8,6 +8,7 @@
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rlft::algo::loss::{LossRegistry, PolicyLossInput};
 use rlft::algo::masked::to_host;
+use rlft::algo::seed::{spread, xorshift64};
 use rlft::algo::{entropy_from_logits, logprobs_from_logits};
 use rlft::rollout::{SamplingConfig, draw_on_device, draw_on_host};
 use rlft::train::metrics::{StepMetrics, read_metrics};
@@ -34,12 +35,10 @@ fn devices() -> Vec<(&'static str, Device)> {
 
 /// Deterministic pseudo-random values in [lo, hi).
 fn values(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut s = spread(seed) | 1;
     (0..n)
         .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
+            s = xorshift64(s);
             (lo + (hi - lo) * ((s >> 11) as f64 / (1u64 << 53) as f64)) as f32
         })
         .collect()

@@ -26,7 +26,10 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new() -> Self {
-        let d = std::env::temp_dir().join(format!("rlft-bad-input-{}", std::process::id()));
+        // One folder per test: tests of this file run side by side in one process.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let d = std::env::temp_dir().join(format!("rlft-bad-input-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         Self(d)
@@ -68,6 +71,8 @@ struct Case {
     expect: Vec<String>,
     /// Must not exist afterwards (a recipe error leaves nothing behind).
     not_created: Option<PathBuf>,
+    /// Run in this folder, which must still be empty afterwards.
+    cwd: Option<PathBuf>,
 }
 
 fn s(x: &str) -> String {
@@ -91,6 +96,7 @@ fn with_set(cases: &mut Vec<Case>, tmp: &Scratch, name: &str, sets: &[&str], exp
         args,
         env: vec![],
         expect: expect.iter().map(|e| e.to_string()).collect(),
+        cwd: None,
         not_created: Some(dir),
     });
 }
@@ -557,6 +563,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
             args: vec![s("train"), path.clone()],
             env: vec![],
             expect: expect.iter().map(|e| e.replace("{path}", &path)).collect(),
+            cwd: None,
             not_created: None,
         });
     };
@@ -578,6 +585,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         args: vec![s("train"), s("/nonexistent/recipe.toml")],
         env: vec![],
         expect: vec![s("/nonexistent/recipe.toml"), s("no such file")],
+        cwd: None,
         not_created: None,
     });
 
@@ -609,6 +617,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
             args,
             env: vec![],
             expect,
+            cwd: None,
             not_created: None,
         });
     }
@@ -666,6 +675,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
             args,
             env: vec![(var, value.into())],
             expect,
+            cwd: None,
             not_created: Some(dir),
         });
     }
@@ -744,6 +754,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
                     .iter()
                     .map(|e| e.replace("{dir}", &dir.to_string_lossy()))
                     .collect(),
+                cwd: None,
                 not_created: None,
             });
         };
@@ -828,22 +839,13 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         ],
         env: vec![],
         expect: vec![gguf.clone()],
+        cwd: None,
         not_created: None,
     });
 
     // --- Checkpoints: a real run, then copies of it broken.
     let run = tmp.path("run");
-    let ok = Command::new(env!("CARGO_BIN_EXE_rlft"))
-        .args(["train", &recipe(), "--set"])
-        .arg(format!("output_dir=\"{}\"", run.display()))
-        .args(["--set", "schedule.steps=2", "--set", "sft.steps=2"])
-        .output()
-        .unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    train_ok(&run, &["schedule.steps=2", "sft.steps=2"]);
     let ckpt_case = |name: &str,
                      break_it: &dyn Fn(&Path),
                      extra: &[&str],
@@ -862,6 +864,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
                 .iter()
                 .map(|e| e.replace("{dir}", &dir.to_string_lossy()))
                 .collect(),
+            cwd: None,
             not_created: None,
         });
     };
@@ -906,17 +909,13 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         &|d| {
             // The stored recipe says hidden 32; weights of a 64-wide model cannot load.
             let other = tmp.path("run-other-size");
-            let ok = Command::new(env!("CARGO_BIN_EXE_rlft"))
-                .args(["train", &recipe(), "--set"])
-                .arg(format!("output_dir=\"{}\"", other.display()))
-                .args(["--set", "schedule.steps=1", "--set", "sft.steps=0"])
-                .args(["--set", "model.scratch.hidden_size=64"])
-                .output()
-                .unwrap();
-            assert!(
-                ok.status.success(),
-                "{}",
-                String::from_utf8_lossy(&ok.stderr)
+            train_ok(
+                &other,
+                &[
+                    "schedule.steps=1",
+                    "sft.steps=0",
+                    "model.scratch.hidden_size=64",
+                ],
             );
             std::fs::copy(other.join("step-1/policy.bpk"), d.join("step-2/policy.bpk")).unwrap();
         },
@@ -952,6 +951,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         args: vec![s("train"), s("--resume"), s("/nonexistent/run")],
         env: vec![],
         expect: vec![s("/nonexistent/run"), s("output_dir")],
+        cwd: None,
         not_created: None,
     });
     let empty = tmp.path("empty-run");
@@ -961,6 +961,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         args: vec![s("train"), s("--resume"), empty.to_string_lossy().into()],
         env: vec![],
         expect: vec![empty.to_string_lossy().into(), s("neither a checkpoint")],
+        cwd: None,
         not_created: None,
     });
     cases.push(Case {
@@ -973,12 +974,280 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         ],
         env: vec![],
         expect: vec![run.to_string_lossy().into(), s("--resume")],
+        cwd: None,
         not_created: None,
     });
 
+    let failed = run_cases(&cases);
+    println!(
+        "{} passed, {} failed",
+        cases.len() - failed.len(),
+        failed.len()
+    );
+    eprintln!("{} bad-input cases", cases.len());
+    assert!(cases.len() >= 40, "only {} cases", cases.len());
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// Inputs that were once accepted with a silent fallback: non-finite numbers (an optional key
+/// fell back to its default), an empty `output_dir` (the run wrote into the working folder), a
+/// run folder's `recipe.toml` edited before `--resume` (the edit was overwritten), and a
+/// lagged-mode checkpoint missing a snapshot (the run sampled with a policy one version too new).
+#[test]
+fn silent_fallbacks_are_refused() {
+    let tmp = Scratch::new();
+    let mut cases: Vec<Case> = Vec::new();
+    // --- Non-finite numbers, in optional and plain keys, from --set and the environment.
+    let command_tool = "{name = \"echo\", kind = \"command\", command = [\"cat\"], timeout_s = X}";
+    let command_reward = "{kind = \"command\", command = [\"cat\"], timeout_s = X}";
+    for (name, set, key) in [
+        (
+            "kl_target nan",
+            "algorithm.kl_target=nan".to_string(),
+            "algorithm.kl_target",
+        ),
+        (
+            "kl_coef nan",
+            "algorithm.kl_coef=nan".into(),
+            "algorithm.kl_coef",
+        ),
+        (
+            "clip_high inf",
+            "algorithm.clip_high=inf".into(),
+            "algorithm.clip_high",
+        ),
+        ("lr -inf", "optimizer.lr=-inf".into(), "optimizer.lr"),
+        (
+            "reward timeout nan",
+            format!("reward=[{}]", command_reward.replace('X', "nan")),
+            "reward[0].timeout_s",
+        ),
+        (
+            "tool timeout nan",
+            format!("tool=[{}]", command_tool.replace('X', "nan")),
+            "tool[0].timeout_s",
+        ),
+    ] {
+        with_set(&mut cases, &tmp, name, &[set.as_str()], &[key, "finite"]);
+    }
+    for (var, value, key) in [
+        ("RLFT__ALGORITHM__KL_TARGET", "nan", "algorithm.kl_target"),
+        ("RLFT__SFT__LR", "inf", "sft.lr"),
+    ] {
+        with_set(
+            &mut cases,
+            &tmp,
+            &format!("env {var}"),
+            &[],
+            &[key, "finite"],
+        );
+        cases.last_mut().unwrap().env = vec![(var, value.into())];
+    }
+    // --- An empty output_dir: refused before anything is written, here or anywhere.
+    for (name, value) in [("output_dir empty", "\"\""), ("output_dir empty env", "")] {
+        let cwd = tmp.path(&format!("cwd-{}", name.replace(' ', "-")));
+        let mut case = Case {
+            name: name.into(),
+            args: vec![s("train"), recipe()],
+            env: vec![],
+            expect: vec![s("output_dir")],
+            not_created: None,
+            cwd: Some(cwd),
+        };
+        if name.ends_with("env") {
+            case.env = vec![("RLFT__OUTPUT_DIR", value.into())];
+        } else {
+            case.args
+                .extend([s("--set"), format!("output_dir={value}")]);
+        }
+        cases.push(case);
+    }
+    // --- A run to resume, in lagged mode so its checkpoints hold snapshots.
+    let run = tmp.path("lagged-run");
+    train_ok(
+        &run,
+        &[
+            "schedule.steps=4",
+            "sft.steps=2",
+            "async.mode=\"lagged\"",
+            "async.lag=2",
+        ],
+    );
+    let latest = std::fs::read_to_string(run.join("latest")).unwrap();
+    let latest = latest.trim().to_string();
+    let resume_case = |name: &str, break_it: &dyn Fn(&Path), expect: &[&str]| {
+        let dir = tmp.path(&format!("run-{}", name.replace(' ', "-")));
+        copy_tree(&run, &dir);
+        break_it(&dir);
+        Case {
+            name: name.into(),
+            args: vec![
+                s("train"),
+                s("--resume"),
+                dir.to_string_lossy().into(),
+                s("--set"),
+                s("schedule.steps=6"),
+            ],
+            env: vec![],
+            expect: expect
+                .iter()
+                .map(|e| e.replace("{dir}", &dir.to_string_lossy()))
+                .collect(),
+            not_created: None,
+            cwd: None,
+        }
+    };
+    let edit_loss = |path: &Path| {
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(text.contains("loss = \"grpo\""), "{}", path.display());
+        std::fs::write(path, text.replace("loss = \"grpo\"", "loss = \"dapo\"")).unwrap();
+    };
+    let edited = ["recipe.toml", "algorithm.loss", "\"dapo\"", "\"grpo\""];
+    cases.push(resume_case(
+        "run folder recipe edited",
+        &|d| edit_loss(&d.join("recipe.toml")),
+        &edited,
+    ));
+    cases.push(resume_case(
+        "every recipe copy edited",
+        &|d| {
+            for e in std::fs::read_dir(d).unwrap() {
+                let p = e.unwrap().path();
+                if p.join("recipe.toml").exists() {
+                    edit_loss(&p.join("recipe.toml"));
+                }
+            }
+            edit_loss(&d.join("recipe.toml"));
+        },
+        &edited,
+    ));
+    let snapshots = |d: &Path| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(d.join(&latest))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("snapshot-")
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(snapshots(&run).len() >= 2, "{:?}", snapshots(&run));
+    for (name, pick) in [("oldest", 0usize), ("middle", 1), ("newest", usize::MAX)] {
+        cases.push(resume_case(
+            &format!("lagged snapshot missing {name}"),
+            &|d| {
+                let all = snapshots(d);
+                std::fs::remove_file(&all[pick.min(all.len() - 1)]).unwrap();
+            },
+            &["snapshot-", "missing"],
+        ));
+    }
+    let failed = run_cases(&cases);
+    println!(
+        "{} passed, {} failed",
+        cases.len() - failed.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// A prompt far longer than `rollout.max_prompt_len` is skipped (and counted in
+/// `prompts/skipped`) without being tokenised: memory stays bounded by the settings, not by the
+/// longest line of the data.
+#[test]
+fn a_huge_prompt_is_skipped_without_tokenising_it() {
+    let tmp = Scratch::new();
+    let mut lines = String::new();
+    for i in 0..6 {
+        lines.push_str(&format!(
+            "{{\"prompt\": \"{i}+1\", \"answer\": \"{}\"}}\n",
+            i + 1
+        ));
+    }
+    let huge = "9".repeat(24 << 20);
+    lines.push_str(&format!("{{\"prompt\": \"{huge}\", \"answer\": \"1\"}}\n"));
+    let data = tmp.file("huge.jsonl", lines);
+    let out = tmp.path("out-huge");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rlft"))
+        .args(["train", &recipe(), "--set"])
+        .arg(format!("output_dir=\"{}\"", out.display()))
+        .arg("--set")
+        .arg(format!("data.train=\"{data}\""))
+        .args(["--set", "reward=[{kind = \"exact\"}]"])
+        .args(["--set", "schedule.steps=2", "--set", "sft.steps=0"])
+        .args([
+            "--set",
+            "eval.size=2",
+            "--set",
+            "rollout.prompts_per_step=7",
+        ])
+        .env_remove("RLFT_DEVICE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The child's peak resident memory, read while it runs.
+    let status = format!("/proc/{}/status", child.id());
+    let mut peak_kb = 0u64;
+    let exit = loop {
+        if let Ok(text) = std::fs::read_to_string(&status)
+            && let Some(kb) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        {
+            peak_kb = peak_kb.max(kb);
+        }
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(exit.success(), "{err}");
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let skipped: f64 = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|m| m["prompts/skipped"].as_f64())
+        .sum();
+    assert!(skipped >= 1.0, "the huge prompt was not skipped: {metrics}");
+    // Tokenising 24 MB costs ≈ 4 GB; the prompt's text itself a few copies of 24 MB.
+    assert!(peak_kb > 0, "no memory reading from {status}");
+    assert!(peak_kb < 1 << 20, "peak memory {} MB", peak_kb >> 10);
+}
+
+/// Trains the crash recipe into `out` with `sets` overrides; it must succeed.
+fn train_ok(out: &Path, sets: &[&str]) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlft"));
+    cmd.args(["train", &recipe(), "--set"])
+        .arg(format!("output_dir=\"{}\"", out.display()))
+        .env_remove("RLFT_DEVICE");
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    let ok = cmd.output().unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
+
+/// Runs every case; returns a line for each that did not end as it must.
+fn run_cases(cases: &[Case]) -> Vec<String> {
     let mut failed = Vec::new();
-    for c in &cases {
+    for c in cases {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlft"));
+        if let Some(d) = &c.cwd {
+            std::fs::create_dir_all(d).unwrap();
+            cmd.current_dir(d);
+        }
         cmd.args(&c.args)
             .env_remove("BURN_DEVICE")
             .env_remove("RLFT_DEVICE")
@@ -1005,6 +1274,11 @@ fn bad_input_is_a_clear_error_never_a_panic() {
         {
             why.push(format!("left {} behind", d.display()));
         }
+        if let Some(d) = &c.cwd
+            && std::fs::read_dir(d).is_ok_and(|mut e| e.next().is_some())
+        {
+            why.push(format!("wrote into the working folder {}", d.display()));
+        }
         println!("{}: {}", c.name, err.trim());
         if !why.is_empty() {
             failed.push(format!(
@@ -1015,14 +1289,7 @@ fn bad_input_is_a_clear_error_never_a_panic() {
             ));
         }
     }
-    println!(
-        "{} passed, {} failed",
-        cases.len() - failed.len(),
-        failed.len()
-    );
-    eprintln!("{} bad-input cases", cases.len());
-    assert!(cases.len() >= 40, "only {} cases", cases.len());
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    failed
 }
 
 fn copy_tree(src: &Path, dst: &Path) {

@@ -3,6 +3,7 @@
 //! ```text
 //! rlft train RECIPE.toml [--set KEY=VALUE]... [--device D] [--resume DIR]
 //! rlft train --resume DIR [--set KEY=VALUE]...
+//! rlft recipe keys
 //! ```
 //! The recipe is read from the TOML file, then `RLFT__SECTION__KEY` environment variables, then
 //! `--set` overrides. `--resume DIR` continues a run from its output_dir (its latest checkpoint,
@@ -11,7 +12,8 @@
 //! at resume. Ctrl-C writes a checkpoint, then exits; a second Ctrl-C exits at once.
 //!
 //! Exit status: 0 on success, 1 when the run fails (the message says why and what to do), 2 on a
-//! bad command line.
+//! bad command line, 3 when a rollout worker of an asynchronous run fails (`rollout worker N
+//! failed: …`).
 
 use std::process::ExitCode;
 
@@ -19,6 +21,7 @@ const HELP: &str = "rlft: reinforcement-learning fine-tuning of language models
 
 usage: rlft train RECIPE.toml [--set KEY=VALUE]... [--device D] [--resume DIR]
        rlft train --resume DIR [--set KEY=VALUE]...
+       rlft recipe keys      every recipe key: type, default, allowed values, meaning (Markdown)
        rlft --version";
 
 fn main() -> ExitCode {
@@ -31,10 +34,17 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("error: {e}");
-                match e {
-                    rlft::train::TrainError::Usage(_) => ExitCode::from(2),
-                    _ => ExitCode::FAILURE,
-                }
+                ExitCode::from(e.exit_code())
+            }
+        },
+        Some("recipe") => match (args.next().as_deref(), args.next()) {
+            (Some("keys"), None) => {
+                print!("{}", rlft::train::recipe::reference::reference_markdown());
+                ExitCode::SUCCESS
+            }
+            _ => {
+                eprintln!("error: the recipe command is 'rlft recipe keys'\n\n{HELP}");
+                ExitCode::from(2)
             }
         },
         Some("--version" | "-V") => {
@@ -50,7 +60,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(other) => {
-            eprintln!("error: unknown command '{other}'; the command is 'train'\n\n{HELP}");
+            eprintln!(
+                "error: unknown command '{other}'; the commands are 'train' and 'recipe keys'\n\n{HELP}"
+            );
             ExitCode::from(2)
         }
         None => {

@@ -65,9 +65,6 @@ pub enum AlgoError {
         /// Number of rows in the batch.
         batch: usize,
     },
-    /// A device string that cannot be used in this build.
-    #[error("{0}")]
-    Device(String),
     /// Reading a tensor back from its device failed.
     #[error("could not read tensor data back from the device: {0}")]
     Readback(String),
@@ -94,8 +91,9 @@ impl AlgoError {
     }
 }
 
-/// Implements `Display` (the first name of a variant) and `FromStr` (any name, after `normalise`)
-/// for a `Copy + PartialEq` enum from a `[(variant, name); N]` table. Unknown names are an
+/// Implements `Display` (the first name of a variant), `FromStr` (any name, after `normalise`)
+/// and `JsonSchema` (a string of the table's names) for a `Copy + PartialEq` enum from a
+/// `[(variant, name); N]` table. Unknown names are an
 /// [`AlgoError::UnknownName`] listing every accepted name.
 macro_rules! impl_names {
     ($ty:ty, $table:expr, $kind:literal, $normalise:expr) => {
@@ -119,6 +117,22 @@ macro_rules! impl_names {
                         let known: Vec<&str> = $table.iter().map(|(_, n)| *n).collect();
                         $crate::AlgoError::unknown($kind, s, &known)
                     })
+            }
+        }
+
+        /// A string, one of the table's names (for recipe references and JSON Schema users).
+        impl schemars::JsonSchema for $ty {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($ty).into()
+            }
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                let mut names: Vec<&str> = Vec::new();
+                for (_, n) in $table.iter() {
+                    if !names.contains(n) {
+                        names.push(n);
+                    }
+                }
+                schemars::json_schema!({ "type": "string", "enum": names })
             }
         }
     };

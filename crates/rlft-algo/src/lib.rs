@@ -15,11 +15,12 @@
 //!
 //! [`Device`]: burn::tensor::Device
 
+#![warn(missing_docs)]
+
 pub mod advantage;
 pub mod aggregation;
 pub mod clip;
 pub mod correction;
-pub mod device;
 pub mod diagnostics;
 pub mod entropy;
 mod error;
@@ -28,6 +29,7 @@ pub mod logprob;
 pub mod loss;
 pub mod masked;
 pub mod ratio;
+pub mod seed;
 pub mod shaping;
 pub mod value;
 

@@ -12,9 +12,13 @@
 //! no and decoding stays on the backend. A plain-Rust version of each kernel is the reference the
 //! tests compare against.
 
+use crate::hostmem::{host_vec, read_f32_all};
 use crate::{ModelError, Result};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Tensor;
 use rayon::prelude::*;
+
+/// Re-exported from [`crate::hostmem`], where it lives.
+pub use crate::hostmem::host_resident;
 
 /// Lanes per accumulator (one AVX-512 register).
 const LANES: usize = 16;
@@ -43,14 +47,6 @@ pub struct HostMatrix {
     layout: Layout,
 }
 
-/// A tensor's values, row-major, as `f32` on the host.
-pub(crate) fn host_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
-    t.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| ModelError::Input(format!("tensor to host: {e:?}")))
-}
-
 impl HostMatrix {
     /// Copies `[in, out]` weights (several side by side along `out`, e.g. q, k and v).
     pub fn from_in_out(weights: &[Tensor<2>]) -> Result<Self> {
@@ -62,7 +58,7 @@ impl HostMatrix {
             )));
         }
         // Read where they lie (flex): the packed copy is the only one made.
-        crate::hostmem::read_f32_all(weights, |values| {
+        read_f32_all(weights, |values| {
             let parts: Vec<(usize, &[f32])> = weights
                 .iter()
                 .zip(values)
@@ -373,27 +369,10 @@ pub(crate) fn kernels_available() -> bool {
     Isa::detect() != Isa::Base
 }
 
-/// Whether tensors on `device` (or on its autodiff wrapper) live in host memory — the flex and
-/// ndarray backends — so that host code reads and writes them without a device transfer.
-pub fn host_resident(device: &Device) -> bool {
-    #[allow(unused_variables)]
-    let inner = device.clone().inner();
-    #[cfg(feature = "flex")]
-    if inner == Device::flex() {
-        return true;
-    }
-    // burn marks ndarray deprecated; rlft still offers it as a CPU device.
-    #[cfg(feature = "ndarray")]
-    #[allow(deprecated)]
-    if inner == Device::ndarray() {
-        return true;
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::Device;
 
     fn naive(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, layout: Layout) -> Vec<f32> {
         let mut out = vec![0f32; m * n];

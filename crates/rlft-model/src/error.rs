@@ -90,6 +90,9 @@ pub enum ModelError {
     /// Inputs of the wrong shape.
     #[error("{0}")]
     Input(String),
+    /// A device string that cannot be used in this build.
+    #[error("{0}")]
+    Device(String),
 }
 
 /// Result alias for rlft-model.

@@ -14,7 +14,8 @@
 //! new token. The result equals the backend's forward pass to f32 rounding (tests in
 //! `tests/fixtures.rs` against transformers' logits).
 
-use crate::decode::{HostMatrix, host_resident, host_vec, kernels_available};
+use crate::decode::{HostMatrix, kernels_available};
+use crate::hostmem::{host_resident, host_vec};
 use crate::model::{KvCache, Transformer};
 use crate::{ModelError, Result};
 use burn::nn::{Linear, RmsNorm};

@@ -8,8 +8,7 @@
 //! ([`HostF32`]). Every other backend, dtype or layout goes through `into_data` / `from_data`,
 //! with the same results.
 
-use crate::Result;
-use crate::decode::{host_resident, host_vec};
+use crate::{ModelError, Result};
 use burn::tensor::{DType, Device, Shape, Tensor, TensorData};
 
 #[cfg(feature = "flex")]
@@ -18,6 +17,32 @@ use burn::backend::{Flex, flex::FlexTensor};
 /// Elements per parallel task in a pass over host elements (large enough that a task's work
 /// outweighs its scheduling).
 pub const CHUNK: usize = 1 << 16;
+
+/// Whether tensors on `device` (or on its autodiff wrapper) live in host memory — the flex and
+/// ndarray backends — so that host code reads and writes them without a device transfer.
+pub fn host_resident(device: &Device) -> bool {
+    #[allow(unused_variables)]
+    let inner = device.clone().inner();
+    #[cfg(feature = "flex")]
+    if inner == Device::flex() {
+        return true;
+    }
+    // burn marks ndarray deprecated; rlft still offers it as a CPU device.
+    #[cfg(feature = "ndarray")]
+    #[allow(deprecated)]
+    if inner == Device::ndarray() {
+        return true;
+    }
+    false
+}
+
+/// A tensor's values, row-major, as `f32` on the host.
+pub(crate) fn host_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| ModelError::Input(format!("tensor to host: {e:?}")))
+}
 
 /// Whether `t` is an f32 tensor in host memory (flex, ndarray), whose elements [`read_f32`] and
 /// [`HostF32`] reach without the device.

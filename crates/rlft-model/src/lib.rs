@@ -3,12 +3,16 @@
 //! Policy and reference models for rlft: one Llama-family decoder-only transformer (Llama 1/2/3,
 //! Mistral, Qwen2, Qwen3, SmolLM/SmolLM2) configured from a Hugging Face `config.json` or GGUF
 //! metadata, loaded from safetensors or GGUF (dequantised), with its tokenizer and chat template,
-//! LoRA adapters, and export back to an HF checkpoint.
+//! LoRA adapters, and export back to an HF checkpoint; and the choice of backend from a device
+//! string ([`device`]).
+
+#![warn(missing_docs)]
 
 mod chat;
 mod config;
 pub mod decode;
 pub mod dequant;
+pub mod device;
 mod error;
 mod export;
 #[cfg(test)]

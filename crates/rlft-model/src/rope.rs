@@ -4,13 +4,10 @@
 //! [`TransformerConfig::llama3_scaling_from_divisors`] recovers the parameters, so that a model
 //! loaded from such a file exports a `config.json` declaring the frequencies it uses; and
 //! [`crate::Transformer::save_hf`] refuses to write a `config.json` that would declare others.
+//! Reading the divisors from a GGUF file is part of loading it (`crate::load`'s GGUF source).
 
-use crate::gguf::GgufFile;
 use crate::{Llama3RopeScaling, ModelError, Result, TransformerConfig};
 use std::f64::consts::PI;
-
-/// The GGUF tensor holding llama.cpp's per-frequency RoPE divisors.
-pub(crate) const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// How closely (relative) a configuration must reproduce a model's RoPE frequencies. The
 /// converter computes the divisors in f32 and stores them as f32, which moves them by a few
@@ -23,7 +20,7 @@ pub const LLAMA3_ORIGINAL_CONTEXT: f64 = 8192.0;
 
 impl TransformerConfig {
     /// RoPE inverse frequencies `θ^(−2i/d)` without any scaling.
-    fn unscaled_inv_freq(&self) -> Vec<f64> {
+    pub(crate) fn unscaled_inv_freq(&self) -> Vec<f64> {
         TransformerConfig {
             rope_scaling: None,
             ..self.clone()
@@ -180,12 +177,12 @@ fn factor_candidates(x: &[f64], divisors: &[f64], factor: f64) -> Vec<(f64, f64)
 }
 
 /// `base[i] / divisors[i]`: the frequencies llama.cpp uses for a file's `rope_freqs.weight`.
-fn divide(base: &[f64], divisors: &[f64]) -> Vec<f64> {
+pub(crate) fn divide(base: &[f64], divisors: &[f64]) -> Vec<f64> {
     base.iter().zip(divisors).map(|(b, d)| b / d).collect()
 }
 
 /// The largest `|a − b| / |b|` and where it is (`(inf, 0)` when the lengths differ).
-fn max_rel_diff(a: &[f64], b: &[f64]) -> (f64, usize) {
+pub(crate) fn max_rel_diff(a: &[f64], b: &[f64]) -> (f64, usize) {
     if a.len() != b.len() {
         return (f64::INFINITY, 0);
     }
@@ -199,57 +196,6 @@ fn max_rel_diff(a: &[f64], b: &[f64]) -> (f64, usize) {
                 if r > acc.0 || r.is_nan() { (r, i) } else { acc }
             },
         )
-}
-
-/// The divisors in `file`'s `rope_freqs.weight`, if it has one, checked against `cfg`.
-fn gguf_divisors(file: &GgufFile, cfg: &TransformerConfig) -> Result<Option<Vec<f64>>> {
-    let Some((shape, values)) = file.read_f32(ROPE_FREQS) else {
-        return Ok(None);
-    };
-    crate::load::check_shape(ROPE_FREQS, &shape, &[cfg.head_dim / 2])?;
-    if let Some((i, v)) = values
-        .iter()
-        .enumerate()
-        .find(|(_, v)| !(v.is_finite() && **v > 0.0))
-    {
-        return Err(ModelError::Weights {
-            path: file.path().into(),
-            msg: format!(
-                "{ROPE_FREQS}[{i}] is {v}; RoPE divisors must be positive and finite (the file \
-                 is corrupt: convert it again)"
-            ),
-        });
-    }
-    Ok(Some(values.into_iter().map(f64::from).collect()))
-}
-
-/// The Llama 3 scaling behind `file`'s `rope_freqs.weight` (see
-/// [`TransformerConfig::llama3_scaling_from_divisors`]). `None` without that tensor, and also
-/// when its divisors are of another form: the model still loads with the file's frequencies
-/// ([`gguf_inv_freq`]), and exporting it fails ([`check_exportable`]) instead of writing a
-/// `config.json` that declares different ones.
-pub(crate) fn gguf_scaling(
-    file: &GgufFile,
-    arch: &str,
-    cfg: &TransformerConfig,
-) -> Result<Option<Llama3RopeScaling>> {
-    let Some(divisors) = gguf_divisors(file, cfg)? else {
-        return Ok(None);
-    };
-    let orig = file
-        .get(&format!("{arch}.rope.scaling.original_context_length"))
-        .and_then(|v| v.as_f64())
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .unwrap_or(LLAMA3_ORIGINAL_CONTEXT);
-    Ok(cfg
-        .llama3_scaling_from_divisors(&divisors, orig)
-        .unwrap_or(None))
-}
-
-/// The RoPE frequencies llama.cpp uses for `file`: `cfg`'s unscaled ones divided by the
-/// file's `rope_freqs.weight`, or `None` without that tensor.
-pub(crate) fn gguf_inv_freq(file: &GgufFile, cfg: &TransformerConfig) -> Result<Option<Vec<f64>>> {
-    Ok(gguf_divisors(file, cfg)?.map(|d| divide(&cfg.unscaled_inv_freq(), &d)))
 }
 
 /// Checks that `config` declares the RoPE frequencies the model uses (`model_inv_freq`), so an
@@ -288,10 +234,10 @@ pub(crate) fn check_exportable(model_inv_freq: &[f64], config: &TransformerConfi
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    pub(super) fn llama3(factor: f64, low: f64, high: f64, orig: f64) -> Llama3RopeScaling {
+    pub(crate) fn llama3(factor: f64, low: f64, high: f64, orig: f64) -> Llama3RopeScaling {
         Llama3RopeScaling {
             factor,
             low_freq_factor: low,
@@ -301,7 +247,7 @@ mod tests {
     }
 
     /// A tiny model with Llama 3's θ, the given head width and scaling.
-    pub(super) fn config(head_dim: usize, scaling: Option<Llama3RopeScaling>) -> TransformerConfig {
+    pub(crate) fn config(head_dim: usize, scaling: Option<Llama3RopeScaling>) -> TransformerConfig {
         TransformerConfig::new(16, 32, 32, 1, 2, 1, head_dim)
             .with_rope_theta(500000.0)
             .with_rope_scaling(scaling)
@@ -318,7 +264,7 @@ mod tests {
     }
 
     /// The divisors as convert_hf_to_gguf.py computes them (f32 tensor arithmetic, f32 storage).
-    pub(super) fn converter_divisors(cfg: &TransformerConfig) -> Vec<f32> {
+    pub(crate) fn converter_divisors(cfg: &TransformerConfig) -> Vec<f32> {
         let s = cfg.rope_scaling.as_ref().expect("scaled config");
         let (factor, low, high) = (
             s.factor as f32,
@@ -472,12 +418,9 @@ mod tests {
     }
 
     /// Divisors rising linearly with the frequency index, from 1 to 8.
-    pub(super) fn ramp(n: usize) -> Vec<f64> {
+    pub(crate) fn ramp(n: usize) -> Vec<f64> {
         (0..n)
             .map(|i| 1.0 + 7.0 * i as f64 / (n - 1) as f64)
             .collect()
     }
 }
-
-#[cfg(test)]
-mod gguf_tests;

@@ -21,6 +21,8 @@ pub struct Tokenizer {
     pub pad_id: Option<u32>,
     /// Chat template, if the checkpoint has one.
     pub chat_template: Option<ChatTemplate>,
+    /// The longest vocabulary entry in bytes, computed on first use.
+    longest_token: std::sync::OnceLock<usize>,
 }
 
 /// llama.cpp pre-tokenizer regexes (`llama-vocab.cpp`) that are a single `Split` in HF terms.
@@ -129,6 +131,7 @@ impl Tokenizer {
             eos_ids,
             pad_id,
             chat_template,
+            longest_token: Default::default(),
         })
     }
 
@@ -253,6 +256,7 @@ impl Tokenizer {
             eos_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             pad_id: id("tokenizer.ggml.padding_token_id")?,
             chat_template,
+            longest_token: Default::default(),
         })
     }
 
@@ -312,6 +316,7 @@ impl Tokenizer {
             eos_ids: vec![256],
             pad_id: Some(256),
             chat_template: Some(ChatTemplate::new(template).expect("valid template")),
+            longest_token: Default::default(),
         }
     }
 
@@ -323,6 +328,22 @@ impl Tokenizer {
     /// The id that pads a batch: the pad token, else the first end-of-sequence token, else 0.
     pub fn padding_id(&self) -> u32 {
         self.pad_id.or(self.eos_ids.first().copied()).unwrap_or(0)
+    }
+
+    /// The longest vocabulary entry in bytes, added tokens included (at least 1). Entries are
+    /// written as the tokenizer stores them (GPT-2's byte characters, SentencePiece's `▁`,
+    /// `<0x0A>`), never shorter than the text they stand for, so a text longer than `n` times
+    /// this needs more than `n` tokens: a prompt can be judged too long without tokenising it.
+    pub fn max_token_bytes(&self) -> usize {
+        *self.longest_token.get_or_init(|| {
+            self.inner
+                .get_vocab(true)
+                .keys()
+                .map(String::len)
+                .max()
+                .unwrap_or(1)
+                .max(1)
+        })
     }
 
     /// Number of token ids (vocabulary plus added tokens).

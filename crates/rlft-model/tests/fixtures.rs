@@ -506,7 +506,7 @@ fn random_init_and_unknown_model_type() {
 fn half_precision_compute_stays_near_f32() {
     use burn::module::{Module, ModuleVisitor, Param};
     use burn::tensor::FloatDType;
-    // Documented in README ("Precision"): max |Δ logit| against transformers' f32 logits, as a
+    // Documented in docs/backends.md ("Precision"): max |Δ logit| against transformers' f32 logits, as a
     // fraction of the largest |logit| (measured: bf16 ≤ 3.0 %, f16 ≤ 0.28 %).
     for (dtype, tolerance) in [(FloatDType::BF16, 0.05f32), (FloatDType::F16, 0.005)] {
         for name in ["tiny-llama", "tiny-llama-tied", "tiny-qwen2"] {

@@ -15,6 +15,8 @@
 //! println!("{}", report.summary());
 //! ```
 
+#![warn(missing_docs)]
+
 mod case;
 mod compare;
 mod ctpo;

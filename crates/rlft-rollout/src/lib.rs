@@ -5,6 +5,8 @@
 //! built-in tasks with verifiers, rewards (with ports of verl's reward scorers in [`scorers`] and
 //! external scorer programs in [`command`]), and JSONL and Parquet datasets.
 
+#![warn(missing_docs)]
+
 pub mod command;
 pub mod dataset;
 pub mod env;

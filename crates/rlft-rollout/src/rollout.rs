@@ -7,6 +7,7 @@ use crate::reward::{RewardInput, RewardOutcome, RewardSet};
 use crate::sampler::{FinishReason, Sampler, SamplingConfig, Updates};
 use crate::{Result, RolloutError};
 use burn::config::Config;
+use rlft_algo::seed::spread;
 use rlft_model::{Tokenizer, Transformer};
 use serde::{Deserialize, Serialize};
 
@@ -178,8 +179,18 @@ pub fn rollout_updating(
     let mut batch = RolloutBatch::default();
     let mut kept = Vec::new();
     let mut episodes = Vec::new();
+    // A rendered prompt longer than this many bytes has more than `max_prompt_len` tokens: it
+    // is skipped without being tokenised (tokenising costs far more memory than the text).
+    let max_prompt_bytes = cfg
+        .max_prompt_len
+        .saturating_mul(tokenizer.max_token_bytes());
     for ex in examples {
-        let ids = tokenizer.encode(&ex.prompt.render(tokenizer)?)?;
+        let text = ex.prompt.render(tokenizer)?;
+        if text.len() > max_prompt_bytes {
+            batch.skipped_prompts += 1;
+            continue;
+        }
+        let ids = tokenizer.encode(&text)?;
         if ids.is_empty() || ids.len() > cfg.max_prompt_len {
             batch.skipped_prompts += 1;
             continue;
@@ -239,9 +250,7 @@ pub fn rollout_updating(
                 .clone()
                 .with_max_new_tokens(budget)
                 .with_stop_strings(stop_strings.clone())
-                .with_seed(
-                    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (turn as u64) << 48 ^ budget as u64,
-                );
+                .with_seed(spread(seed) ^ (turn as u64) << 48 ^ budget as u64);
             let sampler =
                 Sampler::new(latest.as_ref().map_or(model, |w| &w.model), Some(tokenizer));
             let (out, versions) = match updates.as_deref_mut() {

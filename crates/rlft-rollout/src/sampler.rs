@@ -29,7 +29,9 @@ pub use host::draw_on_host;
 use host::{argmax, sample};
 
 /// Where tokens are drawn from the logits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum SampleOn {
     /// On the host for a model in host memory (flex, ndarray: the host decode kernels where
@@ -161,7 +163,9 @@ pub struct WeightUpdate {
 }
 
 /// What a generation does with its KV cache when new weights arrive.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum KvOnUpdate {
     /// Keep the keys and values the old weights computed (cheap; later tokens attend to them).

@@ -16,6 +16,7 @@ use crate::reward::{AnswerFormat, ExactMatch, FormatReward, RewardSet};
 use crate::{Result, RolloutError};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use rlft_algo::seed::spread;
 use rlft_model::ChatMessage;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -118,7 +119,7 @@ impl Task {
             let mut rng = StdRng::seed_from_u64(
                 self.seed
                     ^ fnv(self.name())
-                    ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    ^ spread(index)
                     ^ attempt.wrapping_mul(0xD1B5_4A32_D192_ED03)
                     ^ (split as u64) << 62,
             );

@@ -8,8 +8,7 @@ use crate::offpolicy::OffPolicy;
 use crate::recipe::{KlPlacement, Recipe};
 use crate::{Result, TrainError};
 use rlft_algo::advantage::AdvantageEstimator;
-use rlft_algo::aggregation::LossAggregation;
-use rlft_algo::kl::{AdaptiveKlController, KlEstimator};
+use rlft_algo::kl::AdaptiveKlController;
 use rlft_algo::loss::{LossRegistry, PolicyLossConfig};
 use rlft_algo::ratio::RatioLevel;
 use std::sync::Arc;
@@ -29,6 +28,29 @@ pub struct ResolvedAlgorithm {
     pub kl_control: Option<AdaptiveKlController>,
 }
 
+impl Recipe {
+    /// Checks every value's range and resolves `[algorithm]` against the built-in losses;
+    /// messages say what is allowed.
+    ///
+    /// # Errors
+    /// The first value out of range, or an algorithm setting that does not resolve.
+    pub fn validate(&self) -> Result<()> {
+        self.validate_with(&LossRegistry::with_builtins())
+    }
+
+    /// As [`Recipe::validate`], looking `algorithm.loss` up in `registry`. [`Recipe::load`]
+    /// checks values only; the trainer runs this with the registry it trains with
+    /// ([`crate::Trainer::with_extensions`]) before anything is written, so a recipe file may
+    /// name a loss a downstream trainer registered.
+    ///
+    /// # Errors
+    /// As [`Recipe::validate`]; an unknown loss lists the registered names.
+    pub fn validate_with(&self, registry: &LossRegistry) -> Result<()> {
+        self.check_values()?;
+        resolve_algorithm(self, registry).map(|_| ())
+    }
+}
+
 /// Resolves `[algorithm]` against `registry` (also run by [`Recipe::validate_with`]).
 pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<ResolvedAlgorithm> {
     let a = &recipe.algorithm;
@@ -42,22 +64,13 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
     if let Some(v) = a.clip_high {
         c.clip_ratio_high = v;
     }
-    if !a.ratio_level.is_empty() {
-        c.ratio_level = a
-            .ratio_level
-            .parse::<RatioLevel>()
-            .map_err(|e| TrainError::Recipe(format!("algorithm.ratio_level: {e}")))?;
+    if let Some(level) = a.ratio_level()? {
+        c.ratio_level = level;
     }
-    if !a.aggregation.is_empty() {
-        c.aggregation = a
-            .aggregation
-            .parse::<LossAggregation>()
-            .map_err(|e| TrainError::Recipe(format!("algorithm.aggregation: {e}")))?;
+    if let Some(aggregation) = a.aggregation()? {
+        c.aggregation = aggregation;
     }
-    c.kl_estimator = a
-        .kl_estimator
-        .parse::<KlEstimator>()
-        .map_err(|e| TrainError::Recipe(format!("algorithm.kl_estimator: {e}")))?;
+    c.kl_estimator = a.kl_estimator()?;
     c.kl_coef = if a.kl_placement == KlPlacement::Loss {
         a.kl_coef
     } else {
@@ -67,40 +80,9 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
     preset
         .validate(&c)
         .map_err(|e| TrainError::Recipe(format!("algorithm: {e}")))?;
-    let mut advantage = preset.advantage;
-    if !a.advantage.is_empty() {
-        advantage = AdvantageEstimator::from_name(&a.advantage)
-            .map_err(|e| TrainError::Recipe(format!("algorithm.advantage: {e}")))?;
-    }
-    if let AdvantageEstimator::Gae { .. } = advantage {
-        advantage = AdvantageEstimator::Gae {
-            gamma: a.gamma,
-            lam: a.lam,
-        };
-        if !recipe.model.critic {
-            return Err(TrainError::Recipe(
-                "algorithm.advantage = 'gae' needs a critic: set model.critic = true".into(),
-            ));
-        }
-    }
-    if advantage.needs_reward_baselines() {
-        return Err(TrainError::Recipe(
-            "algorithm.advantage = 'remax' needs the reward of a greedy response per prompt, \
-             which the trainer does not generate; use it through the library \
-             (AdvantageInput::with_reward_baselines) or choose grpo, rloo, opo, gpg, ..."
-                .into(),
-        ));
-    }
+    let advantage = recipe.checked_advantage(a.advantage()?.unwrap_or(preset.advantage))?;
     let correction = a.correction.resolve()?;
     let mode = a.correction.mode;
-    if mode == CorrectionMode::Bypass && recipe.model.critic {
-        return Err(TrainError::Recipe(
-            "algorithm.correction.mode: \"bypass\" skips the π_old pass that gives a critic its \
-             old values (model.critic = true); use mode = \"decoupled\" or \"recompute\", or \
-             drop the critic"
-                .into(),
-        ));
-    }
     if a.ratio_reference == RatioReference::Behaviour {
         if c.ratio_level != RatioLevel::Cumulative {
             return Err(TrainError::Recipe(format!(
@@ -119,23 +101,7 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
             ));
         }
     }
-    let kl_control = match (a.kl_target, a.kl_horizon) {
-        (None, None) => None,
-        (Some(target), Some(horizon)) => Some(
-            AdaptiveKlController::new(a.kl_coef, target, horizon).map_err(|e| {
-                TrainError::Recipe(format!(
-                    "algorithm.kl_target / kl_horizon / kl_coef (β's start): {e}"
-                ))
-            })?,
-        ),
-        _ => {
-            return Err(TrainError::Recipe(
-                "algorithm.kl_target and algorithm.kl_horizon select the adaptive KL controller \
-                 together: set both (and kl_coef > 0, β's start) or neither"
-                    .into(),
-            ));
-        }
-    };
+    let kl_control = a.kl_control()?;
     let offpolicy = OffPolicy {
         mode,
         correction,

@@ -35,6 +35,10 @@ pub struct TrainerState {
     /// ([`crate::pipeline`]).
     #[serde(default)]
     pub pipeline: crate::pipeline::PipelineState,
+    /// Lagged mode: the versions whose policies the checkpoint holds ([`snapshot_file`]),
+    /// oldest first; a resumed run needs every one of them.
+    #[serde(default)]
+    pub snapshots: Vec<u64>,
 }
 
 impl TrainerState {
@@ -282,16 +286,30 @@ impl ResumeFrom {
         }
     }
 
-    /// The run's effective recipe as stored (TOML).
+    /// The run's effective recipe as stored (TOML): a checkpoint's `state.json` holds the recipe
+    /// it was written with, and the `recipe.toml` copies beside it (in the checkpoint and the run
+    /// folder) must agree with it in every key a resumed run cannot change.
     ///
     /// # Errors
-    /// When neither the checkpoint nor the run folder holds one.
+    /// When neither the checkpoint nor the run folder holds one, or a `recipe.toml` copy was
+    /// edited (naming each changed key with both values).
     pub fn stored_recipe(&self) -> Result<String> {
         let from_state = match self {
             Self::Checkpoint(dir) => read_state(dir)?.recipe,
             Self::Start(_) => String::new(),
         };
-        if !from_state.trim().is_empty() {
+        if let Self::Checkpoint(dir) = self
+            && !from_state.trim().is_empty()
+        {
+            // The `recipe.toml` copies must still say what the checkpoint was written with.
+            let stored = crate::Recipe::from_stored(&from_state)?;
+            for copy in [dir.join(RECIPE_FILE), self.run_dir().join(RECIPE_FILE)] {
+                match std::fs::read_to_string(&copy) {
+                    Ok(text) => crate::recipe::check_stored_copy(&copy, &text, &stored)?,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err(&copy)(e)),
+                }
+            }
             return Ok(from_state);
         }
         let p = self.run_dir().join(RECIPE_FILE);
@@ -401,6 +419,7 @@ mod tests {
             recipe: String::new(),
             kl_coef: None,
             pipeline: Default::default(),
+            snapshots: Vec::new(),
         }
     }
 

@@ -16,10 +16,6 @@ use std::sync::Arc;
 /// What one batch's rollouts produced.
 #[derive(Debug, Default)]
 pub struct Collected {
-    /// The batch's serial (the step that consumes it).
-    pub serial: u64,
-    /// The version of the weights that sampled it.
-    pub version: u64,
     /// Groups kept, with the dataset index of each one's prompt in `prompts`.
     pub groups: Vec<Group>,
     /// Dataset index of each kept group's prompt.
@@ -142,11 +138,7 @@ impl RolloutSide {
     ) -> Result<Collected> {
         // The newest weights an update brought, for the rounds after it.
         let mut latest: Option<WeightUpdate> = None;
-        let mut c = Collected {
-            serial,
-            version,
-            ..Collected::default()
-        };
+        let mut c = Collected::default();
         for round in 0..self.rounds {
             let need = self.prompts_per_step - c.groups.len();
             let idx = draw(need);

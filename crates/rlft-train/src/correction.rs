@@ -13,7 +13,9 @@ use rlft_algo::correction::{CorrectionConfig, IsConfig, IsLevel, IsThreshold, Re
 use serde::{Deserialize, Serialize};
 
 /// Which policy anchors the PPO ratio, and whether the batch is corrected against μ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum CorrectionMode {
     /// μ is reused as π_old when the batch is used for one update and no group is stale;
@@ -32,7 +34,9 @@ pub enum CorrectionMode {
 }
 
 /// What the cumulative ratio of a cumulative-ratio loss (CTPO) is taken against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum RatioReference {
     /// π_old (μ where μ is reused): the default.
@@ -43,7 +47,7 @@ pub enum RatioReference {
 }
 
 /// A threshold as a number (`2.0`) or text (`"0.5_5.0"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum ThresholdSpec {
     /// One number.
@@ -62,7 +66,7 @@ impl ThresholdSpec {
 }
 
 /// One threshold for every rejection filter, or one per filter.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Thresholds {
     /// Shared by all filters.
@@ -72,7 +76,7 @@ pub enum Thresholds {
 }
 
 /// `[algorithm.correction]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CorrectionSection {
     /// `auto`, `recompute`, `decoupled` or `bypass`.

@@ -16,7 +16,7 @@
 //! forked to the other ranks for the next step. The ranks run in turn on the learner's thread,
 //! and the sum is taken on the first rank's device (through the host for CPU backends).
 //! Overlapping the ranks on several GPUs (a thread per rank and burn's `all_reduce` over NCCL)
-//! is not done yet (`docs/scaling.md`).
+//! is not done yet (`docs/backends.md`).
 //!
 //! [`GlobalBatchInfo`]: rlft_algo::aggregation::GlobalBatchInfo
 
@@ -26,7 +26,7 @@ use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// `[distributed]`: data parallelism of the learner.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DistributedSection {
     /// One learner rank per device, e.g. `["cuda:0", "cuda:1"]` or `["flex", "flex"]` (empty:
@@ -48,14 +48,14 @@ impl DistributedSection {
             return Ok(());
         };
         for d in &self.devices {
-            if let Err(e) = rlft_algo::device::parse(d) {
+            if let Err(e) = rlft_model::device::parse(d) {
                 return Err(("distributed.devices", format!("'{d}': {e}")));
             }
         }
         let device = device.trim();
         let same = |a: &str, b: &str| {
             matches!(
-                (rlft_algo::device::parse(a), rlft_algo::device::parse(b)),
+                (rlft_model::device::parse(a), rlft_model::device::parse(b)),
                 (Ok(a), Ok(b)) if a == b
             )
         };

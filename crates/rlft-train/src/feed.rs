@@ -60,10 +60,9 @@ impl Trainer {
             if self.workers.is_none() {
                 self.start_workers(step)?;
             }
-            let w = self
-                .workers
-                .as_ref()
-                .ok_or_else(|| TrainError::Usage("the rollout workers are not running".into()))?;
+            let w = self.workers.as_ref().ok_or_else(|| {
+                TrainError::Pipeline("the rollout workers are not running".into())
+            })?;
             let d = w.take(serial)?;
             stats.waited_secs = d.waited_secs;
             stats.queue_groups = d.queue_groups;
@@ -113,7 +112,7 @@ impl Trainer {
         let admission = self
             .inline
             .as_mut()
-            .ok_or_else(|| TrainError::Usage("the admission controller is gone".into()))?;
+            .ok_or_else(|| TrainError::Pipeline("the admission controller is gone".into()))?;
         let serial = admission.issue();
         let t0 = self.timeline.now();
         let c = self.side.collect(
@@ -139,14 +138,14 @@ impl Trainer {
         let admission = self
             .inline
             .take()
-            .ok_or_else(|| TrainError::Usage("the admission controller is gone".into()))?;
+            .ok_or_else(|| TrainError::Pipeline("the admission controller is gone".into()))?;
         let a = &self.recipe.asynchrony;
         let device = self
             .recipe
             .rollout
             .device
             .as_deref()
-            .map(rlft_algo::device::parse)
+            .map(rlft_model::device::parse)
             .transpose()?;
         let settings = WorkerSettings {
             workers: a.rollout_workers.unwrap_or(1),

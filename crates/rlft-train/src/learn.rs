@@ -15,6 +15,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use rayon::prelude::*;
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
 use rlft_algo::loss::{MetricValues, PolicyLossInput};
+use rlft_algo::seed::{spread, xorshift64};
 use rlft_model::hostmem::{CHUNK, HostF32, is_host_f32, read_f32};
 use rlft_model::{Transformer, ValueModel};
 use rlft_rollout::LearnerBatch;
@@ -51,12 +52,9 @@ impl Trainer {
         for epoch in 0..a.ppo_epochs {
             // A fixed, step-dependent permutation of the rows.
             let mut order: Vec<usize> = (0..n).collect();
-            let mut s =
-                (self.state.step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch as u64;
+            let mut s = spread(self.state.step as u64 + 1) ^ epoch as u64;
             for i in (1..n).rev() {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
+                s = xorshift64(s);
                 order.swap(i, (s % (i as u64 + 1)) as usize);
             }
             let per = n.div_ceil(a.mini_batches);

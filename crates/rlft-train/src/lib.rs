@@ -7,6 +7,8 @@
 //! schedule — with an optional SFT warm-up, a PPO critic, atomic checkpoints with exact resume,
 //! `metrics.jsonl`, a progress bar and plots.
 
+#![warn(missing_docs)]
+
 pub mod algorithm;
 pub mod checkpoint;
 pub mod collect;
@@ -86,12 +88,38 @@ pub enum TrainError {
     /// From rlft-rollout.
     #[error(transparent)]
     Rollout(#[from] rlft_rollout::RolloutError),
-    /// A command line that cannot be run.
+    /// A command line that cannot be run. Exit status 2 ([`TrainError::exit_code`]).
     #[error("{0}")]
     Usage(String),
+    /// A rollout worker of the asynchronous pipeline failed: its reward, environment or model
+    /// returned an error or panicked while generating a batch. The run stops (its last
+    /// checkpoint stays); exit status 3 ([`TrainError::exit_code`]).
+    #[error("rollout worker {worker} failed: {msg}")]
+    Worker {
+        /// The worker's index (`rlft-rollout-N` threads, `rollout/N` in the timeline).
+        worker: usize,
+        /// What went wrong.
+        msg: String,
+    },
+    /// The asynchronous pipeline cannot go on (its workers are gone).
+    #[error("asynchronous pipeline: {0}")]
+    Pipeline(String),
     /// JSON (de)serialisation.
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
+}
+
+impl TrainError {
+    /// The process exit status the `rlft` program gives for this error: 2 for a command line
+    /// that cannot be run ([`TrainError::Usage`]), 3 for a failed rollout worker
+    /// ([`TrainError::Worker`]), 1 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => 2,
+            Self::Worker { .. } => 3,
+            _ => 1,
+        }
+    }
 }
 
 /// Result alias for rlft-train.

@@ -1,4 +1,6 @@
-//! `metrics.jsonl`: one JSON object per RL step; the end-of-run summary table.
+//! `metrics.jsonl`: one JSON object per RL step; the end-of-run summary table. Other
+//! destinations for the same lines (TensorBoard event files, [`crate::tensorboard`]) are
+//! [`MetricSink`]s that [`MetricsLog`] also writes to.
 
 use crate::{Result, TrainError, io_err};
 use serde_json::{Map, Value};
@@ -8,16 +10,50 @@ use std::path::{Path, PathBuf};
 /// One step's metrics, in insertion order.
 pub type StepMetrics = Map<String, Value>;
 
-/// Appends metric lines to a JSONL file.
+/// Somewhere a run's step metrics go, one step at a time.
+pub trait MetricSink: std::fmt::Debug + Send {
+    /// Records one step's metrics.
+    fn write(&mut self, m: &StepMetrics) -> Result<()>;
+}
+
+/// Appends each step's metrics as one JSON line to a file (flushed).
+#[derive(Debug)]
+pub struct JsonlWriter {
+    path: PathBuf,
+}
+
+impl JsonlWriter {
+    /// Appends to `path`, which must exist (it is opened for each line).
+    pub fn new(path: &Path) -> Self {
+        Self { path: path.into() }
+    }
+
+    /// The file written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl MetricSink for JsonlWriter {
+    fn write(&mut self, m: &StepMetrics) -> Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(io_err(&self.path))?;
+        writeln!(f, "{}", serde_json::to_string(m)?).map_err(io_err(&self.path))
+    }
+}
+
+/// Appends metric lines to a JSONL file, and to any further [`MetricSink`]s.
 #[derive(Debug)]
 pub struct MetricsLog {
-    path: PathBuf,
+    jsonl: JsonlWriter,
     /// Every line written or kept, for the summary.
     pub history: Vec<StepMetrics>,
     /// Torn last lines dropped when the file was reopened (0 or 1).
     pub torn_lines: usize,
-    /// TensorBoard event file every line also goes to.
-    tensorboard: Option<crate::tensorboard::EventWriter>,
+    /// Where every line also goes, in order, after the JSONL file.
+    sinks: Vec<Box<dyn MetricSink>>,
 }
 
 impl MetricsLog {
@@ -70,34 +106,24 @@ impl MetricsLog {
         let text = kept;
         crate::write_atomic(path, text.as_bytes())?;
         Ok(Self {
-            path: path.into(),
+            jsonl: JsonlWriter::new(path),
             history,
             torn_lines,
-            tensorboard: None,
+            sinks: Vec::new(),
         })
     }
 
-    /// From now on every line also goes to a new TensorBoard event file in `run`
-    /// ([`crate::tensorboard::EventWriter::open`], with the same `keep_until` as
-    /// [`MetricsLog::open`]).
-    pub fn with_tensorboard(mut self, run: &Path, keep_until: Option<usize>) -> Result<Self> {
-        self.tensorboard = Some(crate::tensorboard::EventWriter::open(
-            run,
-            keep_until,
-            &self.history,
-        )?);
-        Ok(self)
+    /// From now on every line also goes to `sink` (after the sinks added before it).
+    pub fn with_sink(mut self, sink: impl MetricSink + 'static) -> Self {
+        self.sinks.push(Box::new(sink));
+        self
     }
 
-    /// Appends one line (flushed).
+    /// Appends one line (flushed) to the JSONL file, then to each sink.
     pub fn write(&mut self, m: StepMetrics) -> Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&self.path)
-            .map_err(io_err(&self.path))?;
-        writeln!(f, "{}", serde_json::to_string(&m)?).map_err(io_err(&self.path))?;
-        if let Some(tb) = &mut self.tensorboard {
-            tb.write(&m)?;
+        self.jsonl.write(&m)?;
+        for sink in &mut self.sinks {
+            sink.write(&m)?;
         }
         self.history.push(m);
         Ok(())

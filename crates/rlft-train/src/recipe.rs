@@ -7,20 +7,24 @@ use crate::distributed::DistributedSection;
 use crate::staleness::AsyncSection;
 use crate::{Result, TrainError};
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 mod data;
 mod keys;
+mod load;
+pub mod reference;
+mod resume;
 mod validate;
 
 pub use data::{
     DataSection, RewardKind, RewardTerm, ToolKind, ToolSpec, correctness_term, effective_terms,
 };
 pub use keys::RESUMABLE_KEYS;
-use keys::{flatten, lowercase_keys_checked, resumable, toml_value};
+pub use load::ENV_PREFIX;
+pub use resume::check_stored_copy;
 
 /// A whole training run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Recipe {
     /// Seeds model init, data order, sampling.
@@ -89,7 +93,7 @@ impl Default for Recipe {
 }
 
 /// The policy model.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSection {
     /// HF checkpoint folder or `.gguf` file; empty: a new model from `[model.scratch]`.
@@ -109,7 +113,9 @@ pub struct ModelSection {
 }
 
 /// The float type of the model's forward passes (`model.dtype`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelDtype {
     /// Everything in f32.
@@ -159,7 +165,7 @@ impl ModelDtype {
 }
 
 /// A small Llama-style model trained from scratch.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScratchSection {
     /// Width.
@@ -187,7 +193,7 @@ impl Default for ScratchSection {
 }
 
 /// LoRA settings (`rank = 0` switches LoRA off).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoraSection {
     /// Rank; 0 = off.
@@ -211,7 +217,7 @@ impl Default for LoraSection {
 }
 
 /// Where prompts come from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TaskSection {
     /// Built-in task (`arithmetic`, `countdown`, `calculator_tool`).
@@ -241,7 +247,7 @@ impl Default for TaskSection {
 }
 
 /// Sampling.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RolloutSection {
     /// Prompts per RL step.
@@ -292,7 +298,7 @@ impl Default for RolloutSection {
 }
 
 /// The RL algorithm.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AlgorithmSection {
     /// Loss or preset from the registry (`grpo`, `dr_grpo`, `dapo`, `gspo`, `cispo`, `ctpo`,
@@ -395,7 +401,7 @@ impl Default for AlgorithmSection {
 }
 
 /// AdamW.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OptimizerSection {
     /// Peak learning rate.
@@ -426,7 +432,7 @@ impl Default for OptimizerSection {
 }
 
 /// Steps and LR schedule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScheduleSection {
     /// RL steps.
@@ -441,7 +447,9 @@ pub struct ScheduleSection {
 }
 
 /// The learning-rate curve after the warm-up ramp.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ScheduleKind {
     /// Hold the peak.
@@ -456,7 +464,9 @@ pub enum ScheduleKind {
 }
 
 /// Where the reference-model KL penalty goes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum KlPlacement {
     /// A loss term `β·KL` (GRPO).
@@ -499,7 +509,7 @@ impl Default for ScheduleSection {
 }
 
 /// Supervised warm-up on the task's reference completions.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SftSection {
     /// Steps (0 = none).
@@ -521,6 +531,8 @@ pub struct SftSection {
     pub schedule: ScheduleKind,
     /// Floor of `linear` and `cosine` as a fraction of `lr`.
     pub min_lr_ratio: f64,
+    /// Global L2 norm the warm-up's gradients are clipped to (0: no clipping).
+    pub grad_clip: f64,
 }
 
 impl SftSection {
@@ -545,6 +557,7 @@ impl Default for SftSection {
             teacher_error: 0.0,
             schedule: ScheduleKind::Constant,
             min_lr_ratio: 0.0,
+            grad_clip: 1.0,
         }
     }
 }
@@ -553,7 +566,7 @@ impl Default for SftSection {
 pub const DEFAULT_CHECKPOINT_EVERY: usize = 25;
 
 /// Checkpointing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CheckpointSection {
     /// Save every N steps — RL steps, and SFT warm-up steps during the warm-up (0: only at the
@@ -576,7 +589,7 @@ impl Default for CheckpointSection {
 }
 
 /// Held-out evaluation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EvalSection {
     /// Evaluate every N RL steps (0: only at step 0 and the end).
@@ -598,7 +611,7 @@ impl Default for EvalSection {
 }
 
 /// Console output.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoggingSection {
     /// Show the progress bar.
@@ -613,152 +626,6 @@ impl Default for LoggingSection {
             progress: true,
             tensorboard: false,
         }
-    }
-}
-
-/// Prefix of recipe environment variables (`RLFT__ALGORITHM__KL_COEF=0.01`).
-pub const ENV_PREFIX: &str = "RLFT";
-
-impl Recipe {
-    /// Loads `path`, applies `RLFT__…` environment variables and then `overrides`
-    /// (`a.b=value`, value parsed as TOML, else taken as a string), checks every key and value.
-    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
-        if !path.exists() {
-            return Err(TrainError::Recipe(format!(
-                "{}: no such file",
-                path.display()
-            )));
-        }
-        let source = config::File::from(path).format(config::FileFormat::Toml);
-        Self::build(source, &path.display().to_string(), overrides)
-    }
-
-    /// As [`Recipe::load`], from TOML text (e.g. the recipe stored in a checkpoint).
-    pub fn from_toml_str(text: &str, overrides: &[String]) -> Result<Self> {
-        let source = config::File::from_str(text, config::FileFormat::Toml);
-        Self::build(source, "<recipe>", overrides)
-    }
-
-    fn build<S: config::Source + Send + Sync + 'static>(
-        source: S,
-        name: &str,
-        overrides: &[String],
-    ) -> Result<Self> {
-        let path = Path::new(name);
-        let mut builder = config::Config::builder().add_source(source).add_source(
-            config::Environment::with_prefix(ENV_PREFIX)
-                .prefix_separator("__")
-                .separator("__")
-                .try_parsing(true),
-        );
-        for o in overrides {
-            let (key, value) = o.split_once('=').ok_or_else(|| {
-                TrainError::Recipe(format!(
-                    "--set {o:?}: expected KEY=VALUE, e.g. algorithm.kl_coef=0.01"
-                ))
-            })?;
-            // Dotted names only: the `config` crate would grow an array to a `key[N]` index.
-            let ok_part = |p: &str| {
-                !p.is_empty()
-                    && p.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            };
-            if !key.trim().split('.').all(ok_part) {
-                return Err(TrainError::Recipe(format!(
-                    "--set {o:?}: the key must be a dotted name such as algorithm.kl_coef (set a \
-                     list whole: task.ops=[\"+\", \"-\"])"
-                )));
-            }
-            builder = builder
-                .set_override(key.trim(), toml_value(value.trim()))
-                .map_err(|e| TrainError::Recipe(format!("--set {o:?}: {e}")))?;
-        }
-        let merged = builder
-            .build()
-            .map_err(|e| TrainError::Recipe(format!("{}: {e}", path.display())))?;
-        let value: serde_json::Value = merged
-            .try_deserialize()
-            .map_err(|e| TrainError::Recipe(format!("{}: {e}", path.display())))?;
-        let value = lowercase_keys_checked(value, &serde_json::to_value(Recipe::default())?, "")?;
-        // The path of a value that does not fit (an unknown enum name, a wrong type) is named.
-        let recipe: Recipe = serde_path_to_error::deserialize(value).map_err(|e| {
-            TrainError::Recipe(format!("{}: {}: {}", path.display(), e.path(), e.inner()))
-        })?;
-        recipe.validate()?;
-        Ok(recipe)
-    }
-
-    /// The effective recipe as TOML (what checkpoints store).
-    ///
-    /// # Errors
-    /// If a value cannot be written as TOML (which no validated recipe has).
-    pub fn to_toml(&self) -> Result<String> {
-        toml::to_string(self)
-            .map_err(|e| TrainError::Recipe(format!("the recipe cannot be written as TOML: {e}")))
-    }
-
-    /// A recipe stored by a run (a checkpoint's or a run folder's `recipe.toml`), as stored: no
-    /// environment variables or overrides applied.
-    ///
-    /// # Errors
-    /// If the text is not a recipe of this version of rlft.
-    pub fn from_stored(text: &str) -> Result<Self> {
-        let de = toml::Deserializer::parse(text)
-            .map_err(|e| TrainError::Recipe(format!("stored recipe: {e}")))?;
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            TrainError::Recipe(format!(
-                "stored recipe: {}: {}; the run was written by another version of rlft",
-                e.path(),
-                e.inner()
-            ))
-        })
-    }
-
-    /// Checks the recipe asked for at resume (`self`) against the run's stored one: only the
-    /// keys in [`RESUMABLE_KEYS`] may differ. `schedule.steps` extends or shortens the run, and
-    /// the learning-rate schedule's horizon becomes the new total. `output_dir` is not compared:
-    /// the run goes on in the folder `--resume` names.
-    ///
-    /// # Errors
-    /// Naming every other key that differs, with both values.
-    pub fn check_resume(&self, stored: &Recipe) -> Result<()> {
-        let (asked, was) = (
-            flatten(serde_json::to_value(self)?),
-            flatten(serde_json::to_value(stored)?),
-        );
-        let keys: std::collections::BTreeSet<&String> = asked.keys().chain(was.keys()).collect();
-        let changed: Vec<String> = keys
-            .into_iter()
-            // `output_dir` is the folder `--resume` names, however it is spelled.
-            .filter(|k| asked.get(*k) != was.get(*k) && !resumable(k) && *k != "output_dir")
-            .map(|k| {
-                let show = |v: Option<&serde_json::Value>| {
-                    v.map_or_else(|| "(unset)".to_string(), |v| v.to_string())
-                };
-                format!(
-                    "{k} (stored {}, asked {})",
-                    show(was.get(k)),
-                    show(asked.get(k))
-                )
-            })
-            .collect();
-        if changed.is_empty() {
-            return Ok(());
-        }
-        Err(TrainError::Recipe(format!(
-            "a resumed run cannot change {}; only {} can change at resume. Drop the override (or \
-             the recipe file) to resume as the run was, or start a new run in another output_dir",
-            changed.join(", "),
-            RESUMABLE_KEYS
-                .iter()
-                .map(|k| if k.contains('.') {
-                    k.to_string()
-                } else {
-                    format!("{k}.*")
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        )))
     }
 }
 

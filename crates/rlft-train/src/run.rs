@@ -8,10 +8,11 @@ use crate::checkpoint::{self, TrainerState};
 use crate::events::{EVENTS_FILE, Timeline};
 use crate::learn::clip_grads;
 use crate::metrics::{MetricsLog, StepMetrics};
-use crate::trainer::{MAX_BAD_STEPS_IN_ROW, Row, Trainer, adamw, unit_hash};
+use crate::trainer::{MAX_BAD_STEPS_IN_ROW, Row, Trainer, adamw};
 use crate::{Result, TrainError};
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
+use rlft_algo::seed::unit_hash;
 use rlft_rollout::Split;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -93,8 +94,28 @@ impl Trainer {
             );
         }
         if let Some(snapshots) = self.snapshots.as_mut() {
-            // Lagged mode: the policies of the kept versions, oldest first.
-            for v in checkpoint::snapshot_versions(dir)? {
+            // Lagged mode: the policies of the kept versions, oldest first. Every version the
+            // checkpoint lists must be there: without one, the run would sample with a policy
+            // one version too new and say nothing.
+            let found = checkpoint::snapshot_versions(dir)?;
+            let listed: Vec<u64> = if state.snapshots.is_empty() {
+                // Written before checkpoints listed their snapshots: the versions kept are
+                // consecutive, so a gap is a missing file.
+                let first = found.first().copied().unwrap_or(0);
+                (first..first + found.len() as u64).collect()
+            } else {
+                state.snapshots.clone()
+            };
+            if let Some(v) = listed.iter().find(|v| !found.contains(v)) {
+                return Err(err(
+                    "a lagged-mode snapshot",
+                    format!(
+                        "{} is missing (the checkpoint holds versions {listed:?})",
+                        checkpoint::snapshot_file(*v)
+                    ),
+                ));
+            }
+            for v in listed {
                 let m = self
                     .policy
                     .as_ref()
@@ -113,6 +134,11 @@ impl Trainer {
 
     fn save_checkpoint(&mut self) -> Result<PathBuf> {
         (self.state.pipeline, self.state.cursor) = self.feed_state();
+        self.state.snapshots = self
+            .snapshots
+            .iter()
+            .flat_map(|s| s.iter().map(|(v, _)| *v))
+            .collect();
         let policy = self.policy().clone();
         let optim = match (&self.sft_optim, self.state.sft_done) {
             (Some(o), false) => o,
@@ -223,7 +249,7 @@ impl Trainer {
             let loss = (lp * mask).sum().neg() * (1.0 / tokens.max(1.0));
             let loss_v: f32 = loss.clone().into_scalar();
             let grads = GradientsParams::from_grads(loss.backward(), self.policy());
-            let (grads, norm) = clip_grads(grads, self.policy(), 1.0);
+            let (grads, norm) = clip_grads(grads, self.policy(), s.grad_clip);
             // Linear warm-up over the first tenth of the steps (from-scratch models diverge at
             // full learning rate on their first updates), then the recipe's schedule.
             let lr = schedule.lr(s.lr, step);

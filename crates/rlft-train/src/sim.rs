@@ -104,8 +104,8 @@ impl Lengths {
 
     /// Length number `i` of the stream seeded `seed` (Box–Muller on a counter hash).
     fn sample(&self, seed: u64, i: u64) -> f64 {
-        let u1 = crate::trainer::unit_hash(seed, 2 * i).max(1e-12);
-        let u2 = crate::trainer::unit_hash(seed, 2 * i + 1);
+        let u1 = rlft_algo::seed::unit_hash(seed, 2 * i).max(1e-12);
+        let u2 = rlft_algo::seed::unit_hash(seed, 2 * i + 1);
         let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
         let mu = self.mean.ln() - self.sigma * self.sigma / 2.0;
         (mu + self.sigma * z).exp().clamp(1.0, self.max.max(1.0))

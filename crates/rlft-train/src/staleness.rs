@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
 /// How rollouts relate to the learner's updates.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum AsyncMode {
     /// Each step samples with the current policy (staleness 0).
@@ -28,7 +30,7 @@ pub enum AsyncMode {
 }
 
 /// `[async]`: how stale the samples are.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AsyncSection {
     /// `sync` (default), `async` or `lagged`.

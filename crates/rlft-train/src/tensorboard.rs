@@ -9,7 +9,7 @@
 //! file), so no step appears twice; a run that turns TensorBoard on at resume gets the steps so
 //! far written into its first file.
 
-use crate::metrics::StepMetrics;
+use crate::metrics::{MetricSink, MetricsLog, StepMetrics};
 use crate::{Result, TrainError, io_err};
 use prost::Message;
 use std::io::Write;
@@ -342,6 +342,21 @@ impl EventWriter {
             step,
             what: Some(EventWhat::Summary(summary(m))),
         })
+    }
+}
+
+impl MetricSink for EventWriter {
+    fn write(&mut self, m: &StepMetrics) -> Result<()> {
+        EventWriter::write(self, m)
+    }
+}
+
+impl MetricsLog {
+    /// From now on every line also goes to a new TensorBoard event file in `run`
+    /// ([`EventWriter::open`], with the same `keep_until` as [`MetricsLog::open`]).
+    pub fn with_tensorboard(self, run: &Path, keep_until: Option<usize>) -> Result<Self> {
+        let events = EventWriter::open(run, keep_until, &self.history)?;
+        Ok(self.with_sink(events))
     }
 }
 

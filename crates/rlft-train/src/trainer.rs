@@ -1,13 +1,13 @@
 //! The trainer: setup from a recipe, and one RL step through the stages.
 //!
-//! A step takes its batch from the feed ([`crate::feed`]: collected inline by
+//! A step takes its batch from the feed (`feed.rs`: collected inline by
 //! [`crate::collect`] in sync and lagged modes, or by the rollout workers of
 //! [`crate::workers`] in async mode, under [`crate::pipeline`]'s staleness bound), shapes the
 //! rewards (DAPO overlong penalty and filter), prepares the rows on the learner
-//! ([`crate::prepare`]: π_old where the correction mode needs it, reference log-probs, values,
+//! (`prepare.rs`: π_old where the correction mode needs it, reference log-probs, values,
 //! advantages, the decoupled correction against μ), runs `ppo_epochs` × `mini_batches`
-//! optimiser steps ([`crate::learn`]), publishes the new weights to the rollout workers and
-//! reports its metrics. [`crate::run`] adds the warm-up, evaluation ([`crate::eval`]) and
+//! optimiser steps (`learn.rs`), publishes the new weights to the rollout workers and
+//! reports its metrics. [`crate::run`] adds the warm-up, evaluation (`eval.rs`) and
 //! checkpoints. Every random choice is a function of `(seed, step)`, so a resumed run repeats
 //! an uninterrupted one exactly (in async mode, with η = 0).
 
@@ -27,6 +27,7 @@ use crate::{Result, TrainError, io_err};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device};
 use rlft_algo::loss::LossRegistry;
+use rlft_algo::seed::spread;
 use rlft_algo::shaping::OverlongPenalty;
 use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
 use rlft_rollout::{DataCursor, Dataset, Example, Task, TaskKind, Trajectory};
@@ -34,14 +35,6 @@ use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// A number in [0, 1) that depends only on `seed` and `index` (SplitMix64's finaliser).
-pub(crate) fn unit_hash(seed: u64, index: u64) -> f64 {
-    let mut z = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)) as f64 / 18_446_744_073_709_551_616.0
-}
 
 /// The logits one chunk of the learner's output head may hold when
 /// `algorithm.logits_chunk_tokens` is 0 (auto).
@@ -204,12 +197,12 @@ impl Trainer {
         let algo = resolve_algorithm(&recipe, &ext.registry)?;
         // With data parallelism the first rank's device is the run's.
         let devices = &recipe.distributed.devices;
-        let plain = rlft_algo::device::resolve(Some(devices.first().unwrap_or(&recipe.device)))?;
+        let plain = rlft_model::device::resolve(Some(devices.first().unwrap_or(&recipe.device)))?;
         let device = plain.clone().autodiff();
         let ranks = devices
             .iter()
             .skip(1)
-            .map(|d| rlft_algo::device::parse(d).map(|d| d.autodiff()))
+            .map(|d| rlft_model::device::parse(d).map(|d| d.autodiff()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         device.seed(recipe.seed);
         let out = &recipe.output_dir;
@@ -254,7 +247,7 @@ impl Trainer {
             dtype.check(d, "distributed.devices entry", name)?;
         }
         if let Some(name) = &recipe.rollout.device {
-            dtype.check(&rlft_algo::device::parse(name)?, "rollout.device", name)?;
+            dtype.check(&rlft_model::device::parse(name)?, "rollout.device", name)?;
         }
         let policy = policy.with_compute_dtype(dtype.float_dtype());
         let policy = if recipe.model.lora.rank > 0 {
@@ -267,7 +260,7 @@ impl Trainer {
         };
         let reference = if recipe.algorithm.kl_coef > 0.0 {
             let device = match &recipe.model.reference_device {
-                Some(d) => rlft_algo::device::parse(d)?,
+                Some(d) => rlft_model::device::parse(d)?,
                 None => plain.clone(),
             };
             if let Some(name) = &recipe.model.reference_device {
@@ -332,6 +325,7 @@ impl Trainer {
             recipe: stored,
             kl_coef: None,
             pipeline: Default::default(),
+            snapshots: Vec::new(),
         };
         let train_set = sources.train.clone();
         let mut side = RolloutSide::new(
@@ -475,8 +469,7 @@ impl Trainer {
             self.algo.config.kl_coef = beta;
         }
         // Clip-Cov's draws: fresh each step, a function of (seed, step) like every random choice.
-        self.algo.config.clip_cov_seed =
-            self.recipe.seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.algo.config.clip_cov_seed = self.recipe.seed ^ spread(step as u64);
         let mut diag = StepDiagnostics::default();
         let scored: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
         let (mean, std) = mean_std(&scored);
@@ -679,24 +672,4 @@ pub(crate) fn is_correct(t: &Trajectory, term: &str) -> f64 {
         .iter()
         .find(|(n, _)| n == term)
         .map_or(0.0, |(_, v)| if *v > 0.0 { 1.0 } else { 0.0 })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unit_hash_is_uniform_and_depends_on_the_seed() {
-        let below = |seed| {
-            (0..20_000u64)
-                .filter(|&i| unit_hash(seed, i) < 0.75)
-                .count()
-        };
-        for seed in [0, 7] {
-            let share = below(seed) as f64 / 20_000.0;
-            assert!((share - 0.75).abs() < 0.015, "seed {seed}: {share}");
-        }
-        assert_ne!(unit_hash(0, 5), unit_hash(1, 5));
-        assert!((0..1000).all(|i| (0.0..1.0).contains(&unit_hash(3, i))));
-    }
 }

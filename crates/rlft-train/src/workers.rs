@@ -119,7 +119,10 @@ impl Workers {
                         .build()
                 })
                 .transpose()
-                .map_err(|e| TrainError::Usage(format!("rollout compute threads: {e}")))?;
+                .map_err(|e| TrainError::Worker {
+                    worker: i,
+                    msg: format!("cannot build its compute threads: {e}"),
+                })?;
             let (shared, side, timeline) = (shared.clone(), side.clone(), timeline.clone());
             let h = std::thread::Builder::new()
                 .name(format!("rlft-rollout-{i}"))
@@ -130,7 +133,10 @@ impl Workers {
                         None => work(),
                     }
                 })
-                .map_err(|e| TrainError::Usage(format!("cannot start a rollout worker: {e}")))?;
+                .map_err(|e| TrainError::Worker {
+                    worker: i,
+                    msg: format!("cannot start its thread: {e}"),
+                })?;
             handles.push(h);
         }
         Ok(Self {
@@ -169,7 +175,7 @@ impl Workers {
                 return Ok(d);
             }
             if self.handles.iter().all(JoinHandle::is_finished) {
-                return Err(TrainError::Usage(
+                return Err(TrainError::Pipeline(
                     "every rollout worker has stopped; see the error above".into(),
                 ));
             }
@@ -294,9 +300,17 @@ fn worker(i: usize, shared: &Shared, side: &RolloutSide, timeline: &Timeline) {
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            Err(TrainError::Usage(format!(
-                "rollout worker {i} panicked while generating batch {serial}: {msg}"
-            )))
+            Err(TrainError::Worker {
+                worker: i,
+                msg: format!("panicked while generating batch {serial}: {msg}"),
+            })
+        })
+        .map_err(|e| match e {
+            TrainError::Worker { .. } => e,
+            other => TrainError::Worker {
+                worker: i,
+                msg: format!("batch {serial}: {other}"),
+            },
         });
         let t_end = timeline.now();
         let (tokens, score) = result

@@ -49,6 +49,25 @@ fn smoke(out: &Path, model_path: Option<&Path>) -> Vec<String> {
     o
 }
 
+/// `recipes/custom-loss.toml` names a loss that `examples/custom_reward.rs` registers: the
+/// trainer with the built-in losses refuses it before writing anything, listing the registered
+/// names; a trainer that registers the name (here as a preset of the PPO-clip loss) runs it.
+fn custom_loss_trainer(recipe: Recipe) -> rlft_train::Result<Trainer> {
+    let out = recipe.output_dir.clone();
+    let err = Trainer::new(recipe.clone(), None)
+        .err()
+        .expect("the built-ins lack the custom loss")
+        .to_string();
+    for needle in ["algorithm.loss", "truncated_is_pg", "grpo", "dapo", "cispo"] {
+        assert!(err.contains(needle), "no {needle:?} in: {err}");
+    }
+    assert!(!out.exists(), "a refused recipe wrote {}", out.display());
+    let mut ext = rlft_train::Extensions::default();
+    ext.registry
+        .register_preset(rlft_algo::loss::Preset::new("truncated_is_pg", "ppo"))?;
+    Trainer::with_extensions(recipe, None, ext)
+}
+
 #[test]
 fn every_recipe_runs_two_steps() {
     let mut names = Vec::new();
@@ -63,9 +82,13 @@ fn every_recipe_runs_two_steps() {
         let model = (!base.model.path.is_empty()).then(tiny_llama);
         let recipe = Recipe::load(&path, &smoke(&out, model.as_deref()))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let summary = Trainer::new(recipe, None)
-            .and_then(|mut t| t.run(None))
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let summary = if name == "custom-loss" {
+            custom_loss_trainer(recipe)
+        } else {
+            Trainer::new(recipe, None)
+        }
+        .and_then(|mut t| t.run(None))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(summary.steps, 2, "{name}");
         let metrics = rlft_train::metrics::read_metrics(&out.join("metrics.jsonl")).unwrap();
         let steps: Vec<u64> = metrics
@@ -123,6 +146,7 @@ fn every_recipe_runs_two_steps() {
         [
             "cispo-smollm2-arith",
             "ctpo-smollm2-tool",
+            "custom-loss",
             "dapo-smollm2-arith",
             "grpo-async-smollm2-arith",
             "grpo-smollm2-arith",
@@ -202,7 +226,11 @@ fn bad_recipes_fail_before_loading_a_model() {
     };
     assert!(err(&["algorithm.kl_cof=0.1"]).contains("did you mean 'algorithm.kl_coef'"));
     assert!(err(&["rollout.top_p=1.5"]).contains("top_p"));
-    assert!(err(&["algorithm.loss=\"grpoo\""]).contains("grpo"));
+    // The loss is looked up in the registry the run uses: a name the built-ins lack loads, and
+    // the trainer (here `validate`, which it runs first) refuses it, listing the known names.
+    let unknown = Recipe::load(&path, &["algorithm.loss=\"grpoo\"".into()]).unwrap();
+    let e = unknown.validate().unwrap_err().to_string();
+    assert!(e.contains("algorithm.loss") && e.contains("grpo"), "{e}");
     assert!(err(&["optimizer.lr=-1"]).contains("optimizer.lr"));
     let e = err(&["schedule.kind=\"step\""]);
     assert!(
@@ -258,7 +286,12 @@ fn bad_recipes_fail_before_loading_a_model() {
         "algorithm.advantage=\"gae\"",
     ]);
     assert!(e.contains("bypass") && e.contains("critic"), "{e}");
-    let e = err(&["algorithm.ratio_reference=\"behaviour\""]);
+    // Whether the ratio's anchor fits depends on the loss: the trainer's resolution says.
+    let e = Recipe::load(&path, &["algorithm.ratio_reference=\"behaviour\"".into()])
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("algorithm.ratio_reference") && e.contains("cumulative"),
         "{e}"
@@ -657,5 +690,61 @@ fn async_mode_of_eta_zero_is_sync_and_eta_two_stays_within_two_versions() {
             );
         }
     }
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// An environment that panics inside the asynchronous rollout workers, where each rollout
+/// asks it for its stop strings (elsewhere, e.g. in evaluation, it is single-turn). A reward
+/// that panics does not stop a run: rewards are scored on a guarded pool, where a panic fails
+/// that sample only.
+struct PanicsInWorkers;
+
+impl rlft_rollout::Environment for PanicsInWorkers {
+    fn stop_strings(&self) -> Vec<String> {
+        let worker = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("rlft-rollout-"));
+        assert!(!worker, "the environment exploded");
+        Vec::new()
+    }
+    fn step(
+        &self,
+        _: &rlft_rollout::Example,
+        _: &str,
+    ) -> rlft_rollout::Result<rlft_rollout::EnvStep> {
+        Ok(rlft_rollout::EnvStep::Done)
+    }
+}
+
+/// A rollout worker that fails stops an async run with its own error, naming the worker, and
+/// the `rlft` program's own exit status for it (not the usage status 2).
+#[test]
+fn a_failed_rollout_worker_is_its_own_error() {
+    let out = tmp("worker-fails");
+    let mut o = smoke(&out, None);
+    o.extend([
+        "async.mode=\"async\"".to_string(),
+        "async.rollout_workers=2".into(),
+        "sft.steps=0".into(),
+    ]);
+    let recipe = Recipe::load(&root().join("recipes/quickstart.toml"), &o).unwrap();
+    let ext = rlft_train::Extensions {
+        environment: Some(Arc::new(PanicsInWorkers)),
+        ..rlft_train::Extensions::default()
+    };
+    let err = Trainer::with_extensions(recipe, None, ext)
+        .and_then(|mut t| t.run(None))
+        .expect_err("the run fails");
+    let msg = err.to_string();
+    assert!(
+        matches!(err, rlft_train::TrainError::Worker { worker: 0 | 1, .. }),
+        "{msg}"
+    );
+    assert!(msg.starts_with("rollout worker "), "{msg}");
+    assert!(
+        msg.contains(" failed: ") && msg.contains("the environment exploded"),
+        "{msg}"
+    );
+    assert_eq!(err.exit_code(), 3);
     std::fs::remove_dir_all(&out).ok();
 }

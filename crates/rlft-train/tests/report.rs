@@ -1,7 +1,15 @@
 //! `report.html` in a real browser: a tiny run is plotted with its report, headless Chromium
 //! opens the report (through a page that frames it and counts its images), and every image must
-//! have loaded with a non-zero natural width. Chromium is required (`.ci/run` installs Debian's
-//! `chromium`; `RLFT_CHROMIUM` names another binary): without it the test fails.
+//! have loaded with a non-zero natural width.
+//!
+//! The test needs a program outside Rust, so it is ignored by default. Run it with
+//!
+//! ```text
+//! apt-get install chromium    # Debian; or point RLFT_CHROMIUM at a Chrome/Chromium binary
+//! cargo test --workspace --features ndarray --test report -- --ignored
+//! ```
+//!
+//! `.ci/run` installs Chromium and runs it that way, so CI fails when the browser check fails.
 
 mod common;
 
@@ -31,6 +39,7 @@ fn chromium() -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs headless Chromium: apt-get install chromium, then run with -- --ignored"]
 fn every_image_of_the_report_loads_in_chromium() {
     let run = std::env::temp_dir().join(format!("rlft-report-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&run);

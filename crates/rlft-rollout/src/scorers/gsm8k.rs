@@ -3,7 +3,17 @@
 use super::py;
 
 /// How [`extract_solution`] finds the answer (verl's `method` argument).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    schemars::JsonSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Gsm8kMethod {
     /// `"strict"`: the last `#### <number>` (the GSM8K answer format), with `,` and `$` removed.

@@ -84,7 +84,7 @@ fn objective(
 /// (`dapo`: Clip-Higher), PPO with a dual clip, and CTPO at several positions; and those that
 /// cannot be drawn, with the reason.
 pub fn clip_curves(registry: &LossRegistry) -> Result<(Vec<ClipCurve>, Vec<NotDrawn>)> {
-    let device = rlft_algo::device::resolve(None)?;
+    let device = rlft_model::device::resolve(None)?;
     let mut panels: Vec<(String, String, PolicyLossConfig, usize)> = Vec::new();
     let mut skipped = Vec::new();
     for name in registry.names() {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Your own data: JSONL or Parquet files in TRL's or verl's layout.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataSection {
     /// RL prompts with answers (replaces the task generator's).
@@ -38,7 +38,7 @@ impl DataSection {
 }
 
 /// A reward term's kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RewardKind {
     /// verl's GSM8K scorer (`method = "strict" | "flexible"`): 1 or 0.
@@ -103,7 +103,7 @@ impl RewardKind {
 }
 
 /// One `[[reward]]` term: `kind`, `weight`, an optional `name`, and the options of its kind.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RewardTerm {
     /// What scores the sample.
@@ -295,7 +295,7 @@ impl RewardTerm {
 }
 
 /// A tool's kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolKind {
     /// The bounded arithmetic evaluator (`+ - * /`, parentheses); default name `calc`.
@@ -306,7 +306,7 @@ pub enum ToolKind {
 
 /// One `[[tool]]`: the model calls it as `<tool>name(arguments)</tool>` and sees the result as
 /// an observation (outside the loss).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolSpec {
     /// What runs the call.

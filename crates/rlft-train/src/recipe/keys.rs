@@ -72,6 +72,30 @@ fn toml_to_config(v: &toml::Value) -> config::Value {
     }
 }
 
+/// Refuses every non-finite number (`nan`, `inf`) in the merged recipe, naming its key: JSON,
+/// which the recipe passes through, has no such numbers, so one would otherwise turn into a
+/// missing value (an optional key silently at its default) or a confusing type error.
+pub(super) fn check_finite(value: &config::Value, key: &str) -> Result<(), String> {
+    match &value.kind {
+        config::ValueKind::Float(f) if !f.is_finite() => {
+            Err(format!("{key}: must be a finite number, got {f}"))
+        }
+        config::ValueKind::Table(t) => t.iter().try_for_each(|(k, v)| {
+            let full = if key.is_empty() {
+                k.clone()
+            } else {
+                format!("{key}.{k}")
+            };
+            check_finite(v, &full)
+        }),
+        config::ValueKind::Array(a) => a
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| check_finite(v, &format!("{key}[{i}]"))),
+        _ => Ok(()),
+    }
+}
+
 /// Checks `value`'s keys against the default recipe's (the schema), recursively, naming the
 /// nearest valid key for an unknown one. (`config` lowercases environment keys, which all
 /// recipe keys are anyway.)

@@ -12,7 +12,7 @@
 //! | `vulkan[:N]`, `metal[:N]` | `Device::vulkan/metal(DeviceKind::DiscreteGpu(N))` | `vulkan`, `metal` |
 //! | `cuda[:N]`, `rocm[:N]` | `Device::cuda(N)`, `Device::rocm(N)` | `cuda`, `rocm` |
 
-use crate::{AlgoError, Result};
+use crate::{ModelError, Result};
 use burn::tensor::Device;
 
 /// Environment variable that `auto` (and [`resolve`] without a string) reads first.
@@ -54,7 +54,7 @@ pub fn parse(spec: &str) -> Result<Device> {
         "flex" | "ndarray" | "cpu" if arg.is_none() => simple(name),
         "wgpu" | "vulkan" | "metal" => gpu(name, arg),
         "cuda" | "rocm" => indexed(name, arg),
-        _ => Err(AlgoError::Device(format!(
+        _ => Err(ModelError::Device(format!(
             "unknown device '{spec}'; use one of: {}",
             DEVICE_NAMES.join(", ")
         ))),
@@ -83,14 +83,14 @@ fn auto() -> Result<Device> {
         // the value against burn's own list first, then resolve it here.
         let name = s.trim().to_ascii_lowercase();
         if !BURN_DEVICE_NAMES.contains(&name.as_str()) {
-            return Err(AlgoError::Device(format!(
+            return Err(ModelError::Device(format!(
                 "BURN_DEVICE='{s}' is not a backend burn knows; burn accepts exactly one of {} \
                  (no device index: for one, set RLFT_DEVICE=cuda:1 or the recipe's device)",
                 BURN_DEVICE_NAMES.join(", ")
             )));
         }
         if ["webgpu", "tch", "remote"].contains(&name.as_str()) {
-            return Err(AlgoError::Device(format!(
+            return Err(ModelError::Device(format!(
                 "BURN_DEVICE='{s}': rlft has no '{name}' backend; use one of {} (compiled in: {})",
                 DEVICE_NAMES.join(", "),
                 compiled_backends().join(", ")
@@ -102,7 +102,7 @@ fn auto() -> Result<Device> {
         return parse(&name);
     }
     if compiled_backends().is_empty() {
-        return Err(AlgoError::Device(
+        return Err(ModelError::Device(
             "no backend is compiled in; rebuild with --features flex (or another backend)".into(),
         ));
     }
@@ -114,8 +114,8 @@ const BURN_DEVICE_NAMES: [&str; 11] = [
     "cuda", "rocm", "metal", "vulkan", "webgpu", "wgpu", "cpu", "tch", "remote", "flex", "ndarray",
 ];
 
-fn not_compiled(name: &str) -> AlgoError {
-    AlgoError::Device(format!(
+fn not_compiled(name: &str) -> ModelError {
+    ModelError::Device(format!(
         "backend '{name}' is not compiled in; rebuild with --features {name}"
     ))
 }
@@ -124,7 +124,7 @@ fn index(name: &str, arg: Option<&str>) -> Result<usize> {
     match arg {
         None => Ok(0),
         Some(a) => a.parse::<usize>().map_err(|_| {
-            AlgoError::Device(format!(
+            ModelError::Device(format!(
                 "device '{name}:{a}': the part after ':' must be a device index such as {name}:0"
             ))
         }),

@@ -37,7 +37,17 @@ use crate::reward::{Reward, RewardInput};
 use crate::{Result, RolloutError};
 
 /// One of the ported scorers, by the name verl's golden cases use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    schemars::JsonSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Scorer {
     /// `gsm8k_strict`: [`gsm8k()`] with [`Gsm8kMethod::Strict`].

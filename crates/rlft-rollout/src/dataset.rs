@@ -11,6 +11,7 @@ use crate::{Result, RolloutError};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
+use rlft_algo::seed::spread;
 use rlft_model::{ChatMessage, Tokenizer};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -315,7 +316,7 @@ impl DataLoader {
 
     fn order(len: usize, seed: u64, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..len).collect();
-        let mix = seed ^ epoch.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mix = seed ^ spread(epoch.wrapping_add(1));
         order.shuffle(&mut StdRng::seed_from_u64(mix));
         order
     }

@@ -1,9 +1,10 @@
 //! A model with Llama 3 RoPE scaling, written as llama.cpp's converter writes a GGUF, loaded,
 //! exported and reloaded; and a GGUF with another scheme, which loads but does not export.
 
-use super::tests::{config, converter_divisors, llama3, ramp};
 use super::*;
-use crate::{ForwardInput, Transformer};
+use crate::ForwardInput;
+use crate::rope::tests::{config, converter_divisors, llama3, ramp};
+use crate::rope::{RTOL, max_rel_diff};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use std::path::{Path, PathBuf};
 
@@ -75,7 +76,7 @@ fn write_gguf(path: &Path, cfg: &TransformerConfig, model: &Transformer, divisor
             }
             out
         };
-        let gguf = crate::load::gguf_name(&name).expect("GGUF name");
+        let gguf = gguf_name(&name).expect("GGUF name");
         tensors.push((gguf, shape, values));
     }
     tensors.push((ROPE_FREQS.into(), vec![divisors.len()], divisors.to_vec()));

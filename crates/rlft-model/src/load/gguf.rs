@@ -1,0 +1,323 @@
+//! GGUF files seen through Hugging Face names: llama.cpp's tensor naming with its q/k row
+//! permutation undone, the architecture from the metadata, and the Llama 3 RoPE scaling that
+//! llama.cpp's converter stores as per-frequency divisors (`rope_freqs.weight`).
+
+use super::{WeightSource, build, check_shape, missing};
+use crate::gguf::{GgufFile, GgufValue};
+use crate::model::Transformer;
+use crate::rope::{LLAMA3_ORIGINAL_CONTEXT, divide};
+use crate::{Llama3RopeScaling, ModelError, Result, TransformerConfig};
+use burn::tensor::{DType, Device};
+use std::path::Path;
+
+/// The GGUF tensor holding llama.cpp's per-frequency RoPE divisors.
+pub(crate) const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// HF tensor name → GGUF tensor name (llama.cpp's naming).
+pub(crate) fn gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(n) = fixed {
+        return Some(n.into());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (module, suffix) = rest.rsplit_once('.')?;
+    let g = GGUF_LAYER_NAMES.iter().find(|(h, _)| *h == module)?.1;
+    Some(format!("blk.{layer}.{g}.{suffix}"))
+}
+
+/// GGUF tensor name → HF name (the inverse of [`gguf_name`]).
+fn hf_name(gguf: &str) -> Option<String> {
+    let fixed = match gguf {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(n) = fixed {
+        return Some(n.into());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (module, suffix) = rest.rsplit_once('.')?;
+    let h = GGUF_LAYER_NAMES.iter().find(|(_, g)| *g == module)?.0;
+    Some(format!("model.layers.{layer}.{h}.{suffix}"))
+}
+
+const GGUF_LAYER_NAMES: [(&str, &str); 11] = [
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("self_attn.q_norm", "attn_q_norm"),
+    ("self_attn.k_norm", "attn_k_norm"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+    ("input_layernorm", "attn_norm"),
+    ("post_attention_layernorm", "ffn_norm"),
+];
+
+/// A GGUF file seen through HF names.
+struct GgufSource<'a> {
+    file: &'a GgufFile,
+    /// `(query heads, kv heads)` when q/k rows are stored in llama.cpp's permuted order.
+    permuted: Option<(usize, usize)>,
+}
+
+/// Undoes llama.cpp's `permute` of q/k projection rows: within each head, llama.cpp interleaves
+/// the two rotary halves (`row h·hd + 2j + k` holds HF row `h·hd + k·hd/2 + j`).
+fn unpermute_rows(values: &[f32], heads: usize, row_len: usize) -> Vec<f32> {
+    let rows = values.len() / row_len;
+    let hd = rows / heads;
+    let mut out = vec![0.0; values.len()];
+    for h in 0..heads {
+        for j in 0..hd / 2 {
+            for k in 0..2 {
+                let src = h * hd + 2 * j + k;
+                let dst = h * hd + k * (hd / 2) + j;
+                out[dst * row_len..(dst + 1) * row_len]
+                    .copy_from_slice(&values[src * row_len..(src + 1) * row_len]);
+            }
+        }
+    }
+    out
+}
+
+impl WeightSource for GgufSource<'_> {
+    fn root(&self) -> &Path {
+        self.file.path()
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.file
+            .tensors
+            .keys()
+            .map(|g| hf_name(g).unwrap_or_else(|| g.clone()))
+            .collect()
+    }
+
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let gname = gguf_name(name).ok_or_else(|| missing(name, shape, self.root()))?;
+        let (got, values) = self
+            .file
+            .read_f32(&gname)
+            .ok_or_else(|| missing(&gname, shape, self.root()))?;
+        check_shape(&gname, &got, shape)?;
+        let heads = match (self.permuted, name) {
+            (Some((h, _)), n) if n.contains("self_attn.q_proj") => Some(h),
+            (Some((_, kv)), n) if n.contains("self_attn.k_proj") => Some(kv),
+            _ => None,
+        };
+        Ok(match heads {
+            Some(h) => {
+                let row_len = if shape.len() == 2 { shape[1] } else { 1 };
+                unpermute_rows(&values, h, row_len)
+            }
+            None => values,
+        })
+    }
+}
+
+impl Transformer {
+    /// Loads a GGUF file: the architecture from its metadata, the weights dequantised to `dtype`.
+    /// Returns the model and the configuration it was built from.
+    pub fn from_gguf(
+        file: &GgufFile,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<(Self, TransformerConfig)> {
+        let cfg = TransformerConfig::from_gguf(file)?;
+        // llama.cpp's converter permutes q/k rows for the `llama` architecture only.
+        let arch = file
+            .get("general.architecture")
+            .and_then(GgufValue::as_str)
+            .unwrap_or_default();
+        let permuted = (arch == "llama").then_some((cfg.num_heads, cfg.num_kv_heads));
+        let source = GgufSource { file, permuted };
+        let mut model = build(&cfg, &source, device, dtype, &[ROPE_FREQS])?;
+        // Llama 3 GGUFs carry the rope scaling as per-frequency divisors: the model uses them
+        // as they are; `cfg.rope_scaling` holds the parameters they were computed from.
+        if let Some(inv_freq) = gguf_inv_freq(file, &cfg)? {
+            model.rope_inv_freq = inv_freq;
+        }
+        Ok((model, cfg))
+    }
+}
+
+impl TransformerConfig {
+    /// The architecture described by a GGUF file's metadata (`general.architecture` =
+    /// `llama`, `mistral`, `qwen2` or `qwen3`).
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let err = |msg: String| ModelError::Config {
+            path: file.path().into(),
+            msg,
+        };
+        let arch = file
+            .require("general.architecture")?
+            .as_str()
+            .ok_or_else(|| err("general.architecture is not a string".into()))?;
+        let model_type = match arch {
+            "llama" | "mistral" | "qwen2" | "qwen3" => arch,
+            other => {
+                return Err(err(format!(
+                    "GGUF architecture '{other}' is not supported; supported: llama, mistral, qwen2, qwen3"
+                )));
+            }
+        };
+        let int = |key: &str| -> Result<usize> {
+            let k = format!("{arch}.{key}");
+            file.require(&k)?
+                .as_u64()
+                .map(|v| v as usize)
+                .ok_or_else(|| err(format!("'{k}' is not a non-negative integer")))
+        };
+        let opt_int = |key: &str| {
+            file.get(&format!("{arch}.{key}"))
+                .and_then(GgufValue::as_u64)
+        };
+        let opt_f = |key: &str| {
+            file.get(&format!("{arch}.{key}"))
+                .and_then(GgufValue::as_f64)
+        };
+        let d = int("embedding_length")?;
+        let heads = int("attention.head_count")?;
+        let kv = opt_int("attention.head_count_kv").map_or(heads, |v| v as usize);
+        if heads == 0 || kv == 0 || !heads.is_multiple_of(kv) {
+            return Err(err(format!(
+                "head_count ({heads}) must be a positive multiple of head_count_kv ({kv})"
+            )));
+        }
+        let head_dim = opt_int("attention.key_length").map_or(d / heads, |v| v as usize);
+        let embd = file
+            .tensors
+            .get("token_embd.weight")
+            .ok_or_else(|| missing("token_embd.weight", &[0, d], file.path()))?;
+        let vocab = opt_int("vocab_size").map_or_else(|| embd.shape()[0], |v| v as usize);
+        let mut cfg = TransformerConfig {
+            model_type: model_type.into(),
+            vocab_size: vocab,
+            hidden_size: d,
+            intermediate_size: int("feed_forward_length")?,
+            num_layers: int("block_count")?,
+            num_heads: heads,
+            num_kv_heads: kv,
+            head_dim,
+            rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+            rope_theta: opt_f("rope.freq_base").unwrap_or(10000.0),
+            rope_scaling: None,
+            tie_word_embeddings: !file.tensors.contains_key("output.weight"),
+            attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
+            qk_norm: file.tensors.contains_key("blk.0.attn_q_norm.weight"),
+            max_position_embeddings: opt_int("context_length").map_or(4096, |v| v as usize),
+        };
+        cfg.rope_scaling = gguf_scaling(file, arch, &cfg)?;
+        Ok(cfg)
+    }
+}
+
+/// The divisors in `file`'s `rope_freqs.weight`, if it has one, checked against `cfg`.
+fn gguf_divisors(file: &GgufFile, cfg: &TransformerConfig) -> Result<Option<Vec<f64>>> {
+    let Some((shape, values)) = file.read_f32(ROPE_FREQS) else {
+        return Ok(None);
+    };
+    check_shape(ROPE_FREQS, &shape, &[cfg.head_dim / 2])?;
+    if let Some((i, v)) = values
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !(v.is_finite() && **v > 0.0))
+    {
+        return Err(ModelError::Weights {
+            path: file.path().into(),
+            msg: format!(
+                "{ROPE_FREQS}[{i}] is {v}; RoPE divisors must be positive and finite (the file \
+                 is corrupt: convert it again)"
+            ),
+        });
+    }
+    Ok(Some(values.into_iter().map(f64::from).collect()))
+}
+
+/// The Llama 3 scaling behind `file`'s `rope_freqs.weight` (see
+/// [`TransformerConfig::llama3_scaling_from_divisors`]). `None` without that tensor, and also
+/// when its divisors are of another form: the model still loads with the file's frequencies
+/// ([`gguf_inv_freq`]), and exporting it fails ([`crate::rope::check_exportable`]) instead of writing a
+/// `config.json` that declares different ones.
+pub(crate) fn gguf_scaling(
+    file: &GgufFile,
+    arch: &str,
+    cfg: &TransformerConfig,
+) -> Result<Option<Llama3RopeScaling>> {
+    let Some(divisors) = gguf_divisors(file, cfg)? else {
+        return Ok(None);
+    };
+    let orig = file
+        .get(&format!("{arch}.rope.scaling.original_context_length"))
+        .and_then(|v| v.as_f64())
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .unwrap_or(LLAMA3_ORIGINAL_CONTEXT);
+    Ok(cfg
+        .llama3_scaling_from_divisors(&divisors, orig)
+        .unwrap_or(None))
+}
+
+/// The RoPE frequencies llama.cpp uses for `file`: `cfg`'s unscaled ones divided by the
+/// file's `rope_freqs.weight`, or `None` without that tensor.
+pub(crate) fn gguf_inv_freq(file: &GgufFile, cfg: &TransformerConfig) -> Result<Option<Vec<f64>>> {
+    Ok(gguf_divisors(file, cfg)?.map(|d| divide(&cfg.unscaled_inv_freq(), &d)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gguf_names_round_trip() {
+        for hf in [
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+            "model.norm.weight",
+            "model.layers.3.self_attn.q_proj.weight",
+            "model.layers.3.self_attn.q_proj.bias",
+            "model.layers.12.self_attn.k_norm.weight",
+            "model.layers.0.mlp.down_proj.weight",
+            "model.layers.0.post_attention_layernorm.weight",
+        ] {
+            let g = gguf_name(hf).unwrap();
+            assert_eq!(hf_name(&g).as_deref(), Some(hf), "{g}");
+        }
+        assert_eq!(
+            gguf_name("model.layers.1.self_attn.o_proj.weight").as_deref(),
+            Some("blk.1.attn_output.weight")
+        );
+        assert_eq!(hf_name("rope_freqs.weight"), None);
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permute() {
+        // llama.cpp: w.reshape(heads, 2, hd/2, cols).swapaxes(1, 2).reshape(rows, cols)
+        let (heads, hd, cols) = (2, 4, 3);
+        let hf: Vec<f32> = (0..heads * hd * cols).map(|i| i as f32).collect();
+        let mut permuted = vec![0.0; hf.len()];
+        for h in 0..heads {
+            for k in 0..2 {
+                for j in 0..hd / 2 {
+                    let src = h * hd + k * hd / 2 + j;
+                    let dst = h * hd + j * 2 + k;
+                    permuted[dst * cols..(dst + 1) * cols]
+                        .copy_from_slice(&hf[src * cols..(src + 1) * cols]);
+                }
+            }
+        }
+        assert_ne!(permuted, hf);
+        assert_eq!(unpermute_rows(&permuted, heads, cols), hf);
+    }
+}
+
+#[cfg(test)]
+mod rope_tests;

@@ -1,0 +1,138 @@
+//! The documentation a newcomer reads: every relative link in `README.md` and `docs/` resolves,
+//! the README stays a front door (at most 200 lines), and no document or recipe speaks of how
+//! the project was made (sessions, issue numbers) or points outside the repository.
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every file under `dir` (recursively) whose name ends with one of `exts`.
+fn files(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            files(&p, exts, out);
+        } else if exts.iter().any(|x| p.extension().is_some_and(|e| e == *x)) {
+            out.push(p);
+        }
+    }
+}
+
+/// The Markdown pages: README.md and everything under docs/.
+fn pages() -> Vec<PathBuf> {
+    let mut v = vec![root().join("README.md"), root().join("recipes/README.md")];
+    files(&root().join("docs"), &["md"], &mut v);
+    v
+}
+
+/// The targets of inline links `[text](target)` outside code spans and fenced blocks.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Drop code spans: a `[x](y)` inside backticks is not a link.
+        let plain: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0)
+            .map(|(_, s)| s)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut rest = plain.as_str();
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            let end = rest.find(')').unwrap_or(rest.len());
+            let target = rest[..end].split_whitespace().next().unwrap_or("");
+            out.push(target.to_string());
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn every_relative_link_resolves() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        for target in link_targets(&text) {
+            if target.is_empty()
+                || target.starts_with('#')
+                || target.contains("://")
+                || target.starts_with("mailto:")
+            {
+                continue;
+            }
+            let path = target.split('#').next().unwrap_or_default();
+            let resolved = page.parent().unwrap().join(path);
+            checked += 1;
+            if !resolved.exists() {
+                broken.push(format!("{}: {target}", page.display()));
+            }
+        }
+    }
+    assert!(checked > 0, "no relative links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_readme_is_a_front_door() {
+    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let lines = text.lines().count();
+    assert!(lines <= 200, "README.md has {lines} lines (at most 200)");
+    assert!(text.contains("cargo test --workspace --features ndarray"));
+    assert!(text.contains("recipes/quickstart.toml"));
+}
+
+/// `grep -riwE "sessions?|issues? [0-9]+" README.md docs recipes` finds nothing, and nothing
+/// points at `../shared` outside the repository.
+#[test]
+fn documents_describe_the_product_not_its_making() {
+    let mut texts = pages();
+    files(&root().join("recipes"), &["toml"], &mut texts);
+    files(
+        &root().join("docs"),
+        &["toml", "txt", "csv", "svg"],
+        &mut texts,
+    );
+    let mut found = Vec::new();
+    for p in texts {
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            let lower = line.to_lowercase();
+            let words: Vec<&str> = lower
+                .split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .collect();
+            let session = words.iter().any(|w| *w == "session" || *w == "sessions");
+            let issue_number = words.windows(2).any(|w| {
+                (w[0] == "issue" || w[0] == "issues") && w[1].chars().all(|c| c.is_ascii_digit())
+            });
+            if session || issue_number || line.contains("../shared") {
+                found.push(format!("{}:{}: {line}", p.display(), n + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn the_link_parser_finds_links_and_skips_code() {
+    let t = "see [a](docs/a.md) and `[b](nope)`\n```\n[c](nope)\n```\n[d](x.md#part \"t\")";
+    assert_eq!(link_targets(t), ["docs/a.md", "x.md#part"]);
+}
