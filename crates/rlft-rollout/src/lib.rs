@@ -77,6 +77,16 @@ pub enum RolloutError {
         /// The hung functions, how many workers each holds, for how long.
         hung: String,
     },
+    /// A reward function panicked: a bug in it, so the rollout stops (a reward that returns
+    /// `Err` fails its sample only and the run goes on).
+    #[error(
+        "a reward function panicked: {msg}. A panic is a bug in the reward, so the run stops; \
+         return Err(..) from `Reward::score` to fail one sample instead"
+    )]
+    RewardPanicked {
+        /// The panic message.
+        msg: String,
+    },
     /// From the model crate (tokenizer, weights).
     #[error(transparent)]
     Model(#[from] rlft_model::ModelError),

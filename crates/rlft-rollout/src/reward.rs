@@ -1,9 +1,10 @@
 //! Rewards: answer extraction, exact numeric match, format and length terms, DAPO's overlong
 //! shaping, and weighted sums of them, each sample scored on a bounded [`WorkerPool`] under its
-//! own deadline. A reward that errors, panics, times out or returns NaN marks the sample failed
-//! (counted, excluded from the loss); it never crashes the run. Only a pool whose every worker
-//! is stuck in a reward function that never returns stops the run, with
-//! [`RolloutError::WorkersStuck`](crate::RolloutError::WorkersStuck).
+//! own deadline. A reward that returns an error, times out or returns NaN marks the sample
+//! failed (counted, excluded from the loss). A reward that panics has a bug: the batch stops
+//! with [`RolloutError::RewardPanicked`](crate::RolloutError::RewardPanicked) (the pool's worker
+//! survives). A pool whose every worker is stuck in a reward function that never returns stops
+//! the run too, with [`RolloutError::WorkersStuck`](crate::RolloutError::WorkersStuck).
 
 mod terms;
 
@@ -69,7 +70,7 @@ pub enum RewardOutcome {
         /// Per-term values.
         terms: Vec<(String, f64)>,
     },
-    /// A term errored, panicked or was not finite.
+    /// A term returned an error or a value that is not finite.
     Failed(String),
     /// Scoring ran past its deadline (a failure too: it counts in `reward/failed` and in
     /// `reward/timeouts`); the message names the term that was running.
@@ -180,12 +181,14 @@ impl RewardSet {
     /// Scores every sample on the pool, each under [`timeout`](Self::timeout) from its own start
     /// (waiting in the queue does not count). A sample past its deadline is
     /// [`RewardOutcome::TimedOut`] at once and its late result discarded; its function keeps the
-    /// worker until it returns. A panicking reward fails its sample only.
+    /// worker until it returns.
     ///
     /// # Errors
     ///
     /// [`RolloutError::WorkersStuck`](crate::RolloutError::WorkersStuck) when every worker is stuck in a reward function that does
-    /// not return, so the remaining samples could never be scored.
+    /// not return, so the remaining samples could never be scored;
+    /// [`RolloutError::RewardPanicked`](crate::RolloutError::RewardPanicked) when a reward
+    /// function panicked.
     pub fn score(&self, inputs: Vec<RewardInput>) -> Result<Vec<RewardOutcome>> {
         let pool = self.pool();
         let tickets = inputs
@@ -203,7 +206,7 @@ impl RewardSet {
                 Ok(match t.wait()? {
                     JobOutcome::Finished(outcome) => outcome,
                     JobOutcome::Panicked(msg) => {
-                        RewardOutcome::Failed(format!("reward function panicked: {msg}"))
+                        return Err(crate::RolloutError::RewardPanicked { msg });
                     }
                     JobOutcome::TimedOut { label, after } => RewardOutcome::TimedOut(format!(
                         "{label} timed out after {after:?}; the sample counts as failed (make it \
@@ -288,10 +291,9 @@ mod tests {
         assert!((out[1].total().unwrap() - (-0.1)).abs() < 1e-12);
 
         let bad = RewardSet::new().with(1.0, Nan);
-        let out = bad
-            .score(vec![input("x"), input("err"), input("panic")])
-            .unwrap();
+        let out = bad.score(vec![input("x"), input("err")]).unwrap();
         assert!(out.iter().all(|o| o.total().is_none()), "{out:?}");
+        assert!(bad.score(vec![input("x"), input("panic")]).is_err());
 
         let slow = RewardSet::new()
             .with(1.0, Slow)
@@ -375,16 +377,18 @@ mod tests {
     }
 
     #[test]
-    fn a_panicking_reward_fails_its_sample_and_the_worker_survives() {
+    fn a_panicking_reward_stops_the_batch_and_the_worker_survives() {
         let set = RewardSet::new()
             .with(1.0, Hang(Default::default()))
             .with_workers(1);
-        let out = set.score(inputs(3, &[(1, "panic")])).unwrap();
+        let err = set.score(inputs(3, &[(1, "panic")])).unwrap_err();
         assert!(
-            matches!(&out[1], RewardOutcome::Failed(m) if m.contains("panicked: boom")),
-            "{out:?}"
+            matches!(&err, crate::RolloutError::RewardPanicked { msg } if msg.contains("boom")),
+            "{err}"
         );
-        assert_eq!((out[0].total(), out[2].total()), (Some(1.0), Some(1.0)));
+        // The pool's worker caught the panic and goes on scoring.
+        let out = set.score(inputs(2, &[])).unwrap();
+        assert!(out.iter().all(|o| o.total() == Some(1.0)), "{out:?}");
         let s = set.pool().stats();
         assert_eq!((s.alive, s.max_alive), (1, 1));
     }

@@ -693,31 +693,26 @@ fn async_mode_of_eta_zero_is_sync_and_eta_two_stays_within_two_versions() {
     std::fs::remove_dir_all(&out).ok();
 }
 
-/// An environment that panics inside the asynchronous rollout workers, where each rollout
-/// asks it for its stop strings (elsewhere, e.g. in evaluation, it is single-turn). A reward
-/// that panics does not stop a run: rewards are scored on a guarded pool, where a panic fails
-/// that sample only.
-struct PanicsInWorkers;
+/// The prompt of the evaluation problems the worker-failure test gives the trainer.
+const HELD_OUT: &str = "What is 2 + 2? Answer with the number. (held out)";
 
-impl rlft_rollout::Environment for PanicsInWorkers {
-    fn stop_strings(&self) -> Vec<String> {
-        let worker = std::thread::current()
-            .name()
-            .is_some_and(|n| n.starts_with("rlft-rollout-"));
-        assert!(!worker, "the environment exploded");
-        Vec::new()
+/// A reward with a bug: it panics on every training sample (and scores the held-out problems,
+/// which evaluation scores on the learner before and after training).
+struct PanicsOnTraining;
+
+impl rlft_rollout::Reward for PanicsOnTraining {
+    fn name(&self) -> &str {
+        "panics_on_training"
     }
-    fn step(
-        &self,
-        _: &rlft_rollout::Example,
-        _: &str,
-    ) -> rlft_rollout::Result<rlft_rollout::EnvStep> {
-        Ok(rlft_rollout::EnvStep::Done)
+    fn score(&self, x: &rlft_rollout::RewardInput) -> Result<f64, String> {
+        assert!(x.prompt.contains(HELD_OUT), "the reward exploded");
+        Ok(0.0)
     }
 }
 
-/// A rollout worker that fails stops an async run with its own error, naming the worker, and
-/// the `rlft` program's own exit status for it (not the usage status 2).
+/// A rollout worker that fails (here: a custom reward panics in async mode) stops the run with
+/// its own error, naming the worker, and the `rlft` program's own exit status for it (3, not
+/// the usage status 2).
 #[test]
 fn a_failed_rollout_worker_is_its_own_error() {
     let out = tmp("worker-fails");
@@ -728,8 +723,19 @@ fn a_failed_rollout_worker_is_its_own_error() {
         "sft.steps=0".into(),
     ]);
     let recipe = Recipe::load(&root().join("recipes/quickstart.toml"), &o).unwrap();
+    let held_out = rlft_rollout::Example {
+        prompt: rlft_rollout::Prompt::Text(HELD_OUT.into()),
+        answer: "4".into(),
+        alternatives: Vec::new(),
+        completion: None,
+        metadata: serde_json::Value::Null,
+    };
     let ext = rlft_train::Extensions {
-        environment: Some(Arc::new(PanicsInWorkers)),
+        rewards: vec![(
+            1.0,
+            Arc::new(PanicsOnTraining) as Arc<dyn rlft_rollout::Reward>,
+        )],
+        eval_set: Some(vec![held_out; 2]),
         ..rlft_train::Extensions::default()
     };
     let err = Trainer::with_extensions(recipe, None, ext)
@@ -742,7 +748,7 @@ fn a_failed_rollout_worker_is_its_own_error() {
     );
     assert!(msg.starts_with("rollout worker "), "{msg}");
     assert!(
-        msg.contains(" failed: ") && msg.contains("the environment exploded"),
+        msg.contains(" failed: ") && msg.contains("the reward exploded"),
         "{msg}"
     );
     assert_eq!(err.exit_code(), 3);
