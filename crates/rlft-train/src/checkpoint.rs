@@ -32,9 +32,9 @@ pub struct TrainerState {
     #[serde(default)]
     pub kl_coef: Option<f64>,
     /// Prompts issued to batches not yet consumed, and staleness counters
-    /// ([`crate::pipeline`]).
+    /// ([`crate::rollout_side::admission`]).
     #[serde(default)]
-    pub pipeline: crate::pipeline::PipelineState,
+    pub pipeline: crate::rollout_side::admission::PipelineState,
     /// Lagged mode: the versions whose policies the checkpoint holds ([`snapshot_file`]),
     /// oldest first; a resumed run needs every one of them.
     #[serde(default)]

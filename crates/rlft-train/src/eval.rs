@@ -2,8 +2,8 @@
 //! over `eval.k` temperature samples per problem.
 
 use crate::Result;
-use crate::collect::{rollout_config, sampling};
 use crate::metrics::StepMetrics;
+use crate::rollout_side::collect::{rollout_config, sampling};
 use crate::trainer::{Trainer, is_correct, mean_std};
 use burn::module::Module;
 use rlft_rollout::{SamplingConfig, rollout};

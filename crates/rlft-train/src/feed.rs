@@ -1,12 +1,12 @@
 //! Where the learner's batches come from: collected inline (sync and lagged modes) or taken
 //! from the rollout workers (async mode), then consumed under the staleness bound.
 
-use crate::collect::Collected;
 use crate::events::EventKind;
-use crate::pipeline::{Admission, PipelineState};
-use crate::staleness::AsyncMode;
+use crate::recipe::AsyncMode;
+use crate::rollout_side::admission::{Admission, PipelineState};
+use crate::rollout_side::collect::Collected;
+use crate::rollout_side::workers::{WorkerSettings, Workers};
 use crate::trainer::Trainer;
-use crate::workers::{WorkerSettings, Workers};
 use crate::{Result, TrainError};
 use burn::module::Module;
 use rlft_rollout::{DataCursor, DataLoader};

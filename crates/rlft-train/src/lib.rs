@@ -11,7 +11,6 @@
 
 pub mod algorithm;
 pub mod checkpoint;
-pub mod collect;
 pub mod correction;
 pub mod distributed;
 mod eval;
@@ -23,19 +22,17 @@ mod learn;
 pub mod metrics;
 pub mod offpolicy;
 pub mod optim;
-pub mod pipeline;
 pub mod plot;
 mod prepare;
 pub mod recipe;
 #[cfg(test)]
 mod recipe_fuzz;
+pub mod rollout_side;
 pub mod run;
 pub mod sim;
 mod sources;
-pub mod staleness;
 pub mod tensorboard;
 pub mod trainer;
-pub mod workers;
 
 pub use algorithm::Extensions;
 pub use learn::clip_grads;

@@ -26,14 +26,15 @@ pub struct OffPolicy {
 
 impl OffPolicy {
     /// Whether the step needs a π_old (π_prox) forward pass: `on_policy` when the batch is used
-    /// for one update, `stale` when a group was sampled by an older policy.
-    pub fn needs_old_pass(&self, on_policy: bool, stale: bool) -> bool {
+    /// for one update, `off_policy` when some group was sampled by an older policy (staleness
+    /// above 0, [`crate::rollout_side::admission::staleness`]).
+    pub fn needs_old_pass(&self, on_policy: bool, off_policy: bool) -> bool {
         match self.mode {
             CorrectionMode::Bypass => false,
             CorrectionMode::Recompute | CorrectionMode::Decoupled => true,
             // Against μ the cumulative ratio needs no π_old.
             CorrectionMode::Auto => {
-                self.ratio_reference == RatioReference::Proximal && (!on_policy || stale)
+                self.ratio_reference == RatioReference::Proximal && (!on_policy || off_policy)
             }
         }
     }

@@ -22,13 +22,13 @@ impl Trainer {
         rows: &mut [Row],
         group_ids: &[u64],
         rewards: &[f64],
-        stale: bool,
+        off_policy: bool,
         diag: &mut StepDiagnostics,
     ) -> Result<()> {
         let a = &self.recipe.algorithm;
         let temperature = self.recipe.rollout.temperature;
         let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
-        let old_pass = self.algo.offpolicy.needs_old_pass(on_policy, stale);
+        let old_pass = self.algo.offpolicy.needs_old_pass(on_policy, off_policy);
         let policy = self.policy().valid();
         let critic = self.critic.as_ref().map(|c| c.valid());
         let mut prox: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];

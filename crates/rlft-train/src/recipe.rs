@@ -4,11 +4,11 @@
 
 use crate::correction::{CorrectionSection, RatioReference};
 use crate::distributed::DistributedSection;
-use crate::staleness::AsyncSection;
 use crate::{Result, TrainError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+mod asynchrony;
 mod data;
 mod keys;
 mod load;
@@ -16,6 +16,7 @@ pub mod reference;
 mod resume;
 mod validate;
 
+pub use asynchrony::{AsyncMode, AsyncSection, MAX_LAG, MAX_STALENESS, MAX_WORKERS, OnStale};
 pub use data::{
     DataSection, RewardKind, RewardTerm, ToolKind, ToolSpec, correctness_term, effective_terms,
 };
@@ -53,7 +54,7 @@ pub struct Recipe {
     pub eval: EvalSection,
     /// Console output.
     pub logging: LoggingSection,
-    /// `[async]`: how stale the samples are ([`crate::staleness`]).
+    /// `[async]`: how stale the samples are ([`crate::recipe`]).
     #[serde(rename = "async")]
     pub asynchrony: AsyncSection,
     /// Your own train, eval and warm-up files.

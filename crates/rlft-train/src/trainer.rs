@@ -1,8 +1,8 @@
 //! The trainer: setup from a recipe, and one RL step through the stages.
 //!
 //! A step takes its batch from the feed (`feed.rs`: collected inline by
-//! [`crate::collect`] in sync and lagged modes, or by the rollout workers of
-//! [`crate::workers`] in async mode, under [`crate::pipeline`]'s staleness bound), shapes the
+//! [`crate::rollout_side::collect`] in sync and lagged modes, or by the rollout workers of
+//! [`crate::rollout_side::workers`] in async mode, under [`crate::rollout_side::admission`]'s staleness bound), shapes the
 //! rewards (DAPO overlong penalty and filter), prepares the rows on the learner
 //! (`prepare.rs`: π_old where the correction mode needs it, reference log-probs, values,
 //! advantages, the decoupled correction against μ), runs `ppo_epochs` × `mini_batches`
@@ -13,16 +13,18 @@
 
 use crate::algorithm::{Extensions, ResolvedAlgorithm, resolve_algorithm};
 use crate::checkpoint::{self, TrainerState};
-use crate::collect::{Collected, RolloutSide};
 use crate::events::{EventKind, Timeline};
 use crate::metrics::StepMetrics;
 use crate::offpolicy::StepDiagnostics;
 use crate::optim::FusedAdamWConfig;
-use crate::pipeline::{Admission, PipelineState};
+use crate::recipe::AsyncMode;
 use crate::recipe::{KlPlacement, Recipe};
+use crate::rollout_side::admission::{Admission, PipelineState};
+use crate::rollout_side::admission::{staleness, staleness_metrics};
+use crate::rollout_side::collect::{Collected, RolloutSide};
+use crate::rollout_side::lagged::Snapshots;
+use crate::rollout_side::workers::Workers;
 use crate::sources::Sources;
-use crate::staleness::{AsyncMode, Snapshots, staleness_metrics};
-use crate::workers::Workers;
 use crate::{Result, TrainError, io_err};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device};
@@ -443,8 +445,8 @@ impl Trainer {
         let r = self.recipe.rollout.clone();
         // Reward statistics over every scored trajectory (before shaping).
         let trajs: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
-        // A group is stale when any of its tokens came from an older policy than the learner's.
-        let stale = trajs.iter().any(|t| t.version < step as u64);
+        // Off-policy: some token came from an older policy than the learner's (staleness > 0).
+        let off_policy = trajs.iter().any(|t| staleness(step as u64, t.version) > 0);
         // Each group's oldest policy version, for the staleness metrics.
         let oldest: Vec<u64> = groups
             .iter()
@@ -565,7 +567,7 @@ impl Trainer {
         let t_score = Instant::now();
         let learn_start = self.timeline.now();
         if !rows.is_empty() {
-            self.prepare(&mut rows, &group_ids, &rewards, stale, &mut diag)?;
+            self.prepare(&mut rows, &group_ids, &rewards, off_policy, &mut diag)?;
         }
         m.insert(
             "time/score_s".into(),

@@ -393,7 +393,7 @@ impl Recipe {
             }
         }
         if let Some(d) = &self.rollout.device {
-            if self.asynchrony.mode != crate::staleness::AsyncMode::Async {
+            if self.asynchrony.mode != super::AsyncMode::Async {
                 return bad(
                     "rollout.device",
                     "applies to async.mode = \"async\" only (the rollout workers' device); \

@@ -1,5 +1,5 @@
 //! Admission control and staleness accounting for asynchronous rollouts (plain types, no
-//! threads: the worker threads in [`crate::workers`] and the property test below drive the
+//! threads: the worker threads in [`crate::rollout_side::workers`] and the property test below drive the
 //! same code).
 //!
 //! Work is issued in **batches**: batch `n` (serial 1, 2, …) is what step `n` of a synchronous
@@ -19,23 +19,17 @@
 //! consumed in front of the requeued ones ([`PipelineState`]): a resumed run issues them again,
 //! so every prompt is consumed once and the bound holds from the first step after a resume.
 
+pub use crate::recipe::OnStale;
 use rlft_rollout::DataLoader;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
-/// What the learner does with a group older than `async.max_staleness` (`async.on_stale`).
-#[derive(
-    schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum OnStale {
-    /// Issue its prompt again in a later batch (the default: dropping starves hard prompts).
-    #[default]
-    Requeue,
-    /// Discard it.
-    Drop,
-    /// Train on it anyway (the staleness metrics show it).
-    Keep,
+/// A group's staleness: how many versions the learner at `learner_version` is ahead of the
+/// oldest policy among the group's tokens (`oldest_version`). 0 is on-policy; the bound η
+/// (`async.max_staleness`) caps it at consumption. The one definition every count of staleness
+/// uses.
+pub fn staleness(learner_version: u64, oldest_version: u64) -> u64 {
+    learner_version.saturating_sub(oldest_version)
 }
 
 /// The admission state a checkpoint keeps.
@@ -151,7 +145,7 @@ impl Admission {
         self.consumed = self.consumed.max(serial);
         let mut out = Consumed::default();
         for (&v, &p) in oldest.iter().zip(prompts) {
-            let stale = version.saturating_sub(v) > self.eta;
+            let stale = staleness(version, v) > self.eta;
             let keep = !stale || on_stale == OnStale::Keep;
             if stale && on_stale == OnStale::Requeue {
                 self.pending.push_back(p);
@@ -180,6 +174,33 @@ impl Admission {
     pub fn cursor(&self) -> rlft_rollout::DataCursor {
         self.loader.cursor()
     }
+}
+
+/// `staleness/*` metrics of one step: `learner_version` minus each group's oldest token
+/// version; the histogram counts `0..=eta` and `over` as fractions of the step's groups.
+pub fn staleness_metrics(
+    learner_version: u64,
+    oldest: &[u64],
+    eta: usize,
+) -> BTreeMap<String, f64> {
+    let s: Vec<u64> = oldest
+        .iter()
+        .map(|&v| staleness(learner_version, v))
+        .collect();
+    let n = s.len().max(1) as f64;
+    let mut m = BTreeMap::new();
+    m.insert("staleness/mean".into(), s.iter().sum::<u64>() as f64 / n);
+    m.insert(
+        "staleness/max".into(),
+        s.iter().copied().max().unwrap_or(0) as f64,
+    );
+    for k in 0..=eta {
+        let c = s.iter().filter(|&&x| x == k as u64).count();
+        m.insert(format!("staleness/hist/{k}"), c as f64 / n);
+    }
+    let over = s.iter().filter(|&&x| x > eta as u64).count();
+    m.insert("staleness/hist/over".into(), over as f64 / n);
+    m
 }
 
 #[cfg(test)]
@@ -385,5 +406,15 @@ mod tests {
             }
             prop_assert!(out.trained.iter().all(|p| issued.contains(p)));
         }
+    }
+
+    #[test]
+    fn histogram_fractions() {
+        let m = staleness_metrics(5, &[5, 4, 3, 1], 2);
+        assert_eq!(m["staleness/mean"], 7.0 / 4.0, "staleness 0, 1, 2 and 4");
+        assert_eq!(m["staleness/max"], 4.0);
+        assert_eq!(m["staleness/hist/0"], 0.25);
+        assert_eq!(m["staleness/hist/2"], 0.25);
+        assert_eq!(m["staleness/hist/over"], 0.25);
     }
 }

@@ -7,9 +7,9 @@
 //! worker. Publishing is a frozen view (`valid()`) of the learner's parameters, moved to
 //! `rollout.device` when that differs; the learner never waits for more than that.
 
-use crate::collect::{Collected, RolloutSide};
 use crate::events::{EventKind, Timeline};
-use crate::pipeline::{Admission, Consumed, OnStale, PipelineState};
+use crate::rollout_side::admission::{Admission, Consumed, OnStale, PipelineState};
+use crate::rollout_side::collect::{Collected, RolloutSide};
 use crate::{Result, TrainError};
 use burn::module::Module;
 use burn::tensor::Device;
