@@ -15,8 +15,8 @@ use rlft::burn::optim::AdamWConfig;
 use rlft::burn::tensor::{DType, Device};
 use rlft::cli::Args;
 use rlft::model::{Pretrained, Tokenizer, TransformerConfig};
-use rlft::rollout::learner::{LearnerInputs, LossOut, chunked_backward};
 use rlft::rollout::{LengthPenalty, RolloutConfig, SamplingConfig, Split, Task, TaskKind, rollout};
+use rlft::train::learner::{LearnerInputs, LossOut, chunked_backward};
 
 fn main() -> Result<()> {
     let args = Args::parse(&[("model", true), ("steps", true)]).map_err(anyhow::Error::msg)?;

@@ -28,10 +28,10 @@ use rlft::burn::optim::AdamWConfig;
 use rlft::burn::tensor::{Device, FloatDType};
 use rlft::cli::Args;
 use rlft::model::{Transformer, TransformerConfig};
-use rlft::rollout::learner::{LearnerInputs, LossOut, chunked_backward};
 use rlft::rollout::{
     Example, FinishReason, Group, Prompt, SampleOn, Sampler, SamplingConfig, Trajectory,
 };
+use rlft::train::learner::{LearnerInputs, LossOut, chunked_backward};
 use std::time::Instant;
 
 /// SmolLM2-135M's architecture (its config.json), or a tiny one for a quick check on a CPU.

@@ -21,7 +21,7 @@ use rlft::algo::loss::{LossRegistry, PolicyLossInput};
 use rlft::cli::Args;
 use rlft::model::{Transformer, TransformerConfig};
 use rlft::rollout::LearnerBatch;
-use rlft::rollout::learner::{LossOut, chunk_for_budget, chunked_backward};
+use rlft::train::learner::{LossOut, chunk_for_budget, chunked_backward};
 use std::time::Instant;
 
 fn main() -> Result<()> {

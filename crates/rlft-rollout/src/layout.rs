@@ -274,6 +274,48 @@ impl LearnerBatch {
     }
 }
 
+impl LearnerBatch {
+    /// `(start, len)` of the fewest chunks of at most `chunk` response positions, all of one
+    /// size but the last.
+    pub fn chunks(&self, chunk: usize) -> Vec<(usize, usize)> {
+        let t = self.tokens();
+        let c = t.div_ceil(t.div_ceil(chunk.max(1)).max(1)).max(1);
+        (0..t.div_ceil(c))
+            .map(|k| (k * c, c.min(t - k * c)))
+            .collect()
+    }
+
+    /// The response targets as one flat `[tokens]` tensor (the order of the chunks).
+    pub fn targets_flat(&self) -> Tensor<1, Int> {
+        self.targets().reshape([self.tokens()])
+    }
+
+    /// As [`LearnerBatch::logprobs`], with the output head run `chunk` response positions at a
+    /// time (no gradient is kept: for frozen models and π_old).
+    ///
+    /// # Errors
+    /// A non-positive temperature.
+    pub fn logprobs_chunked(
+        &self,
+        model: &Transformer,
+        temperature: Option<f64>,
+        chunk: usize,
+    ) -> rlft_algo::Result<Tensor<2>> {
+        if chunk >= self.tokens() {
+            return self.logprobs(model, temperature);
+        }
+        let h = model.hidden_at(&self.input(), self.predict_positions());
+        let targets = self.targets_flat();
+        let mut parts = Vec::new();
+        for (start, len) in self.chunks(chunk) {
+            let logits = model.output_head(h.clone().narrow(0, start, len).unsqueeze::<3>());
+            let t = targets.clone().narrow(0, start, len).unsqueeze::<2>();
+            parts.push(rlft_algo::logprobs_from_logits(logits, t, temperature)?.detach());
+        }
+        Ok(self.rows(Tensor::cat(parts, 1)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,6 @@ pub mod dataset;
 pub mod env;
 pub mod expr;
 mod layout;
-pub mod learner;
 pub mod pool;
 pub mod reward;
 mod rollout;

@@ -1,11 +1,12 @@
 //! The learner: `ppo_epochs` × `mini_batches` optimiser steps over a prepared batch, each
 //! accumulating micro-batch gradients (micro-batches cut by rows and tokens, the output head in
-//! chunks: [`rlft_rollout::learner`]) under global token normalisation, the critic beside the
+//! chunks: [`crate::learner`]) under global token normalisation, the critic beside the
 //! policy, NaN/Inf steps skipped with weights and optimiser state restored, and the global
 //! gradient-norm clip.
 
 use crate::correction::CorrectionMode;
 use crate::distributed::sum_gradients;
+use crate::learner::{LossOut, chunk_for_budget, chunked_backward};
 use crate::offpolicy::StepDiagnostics;
 use crate::trainer::{LOGITS_CHUNK_BYTES, Row, Trainer, adamw};
 use crate::{Result, host};
@@ -19,7 +20,6 @@ use rlft_algo::seed::{spread, xorshift64};
 use rlft_model::hostmem::{CHUNK, HostF32, is_host_f32, read_f32};
 use rlft_model::{Transformer, ValueModel};
 use rlft_rollout::LearnerBatch;
-use rlft_rollout::learner::{LossOut, chunk_for_budget, chunked_backward};
 
 impl Trainer {
     /// `ppo_epochs` × `mini_batches` optimiser steps. Returns (clip low, clip high, kl, entropy,

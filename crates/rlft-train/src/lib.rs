@@ -19,6 +19,7 @@ pub mod fault;
 mod feed;
 pub mod launch;
 mod learn;
+pub mod learner;
 pub mod metrics;
 pub mod offpolicy;
 pub mod optim;

@@ -18,12 +18,12 @@
 //! The gradient is the loss's (chain rule through the stages), at the cost of running the head
 //! twice forward; when one chunk covers the batch the plain single pass is used.
 
-use crate::LearnerBatch;
 use burn::module::Module;
 use burn::optim::GradientsParams;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 use rlft_algo::{entropy_from_logits, logprobs_from_logits};
 use rlft_model::Transformer;
+use rlft_rollout::LearnerBatch;
 
 /// A rollout batch as the learner takes it: the scored trajectories (failed rewards left out)
 /// in the learner's layout, with their per-token `[n, R]` tensors laid out as
@@ -49,8 +49,8 @@ pub struct LearnerInputs {
 impl LearnerInputs {
     /// The scored trajectories of `groups` on `device`; `pad_id` fills the layout's padding
     /// (the tokenizer's pad or end-of-sequence id).
-    pub fn from_groups(groups: &[crate::Group], pad_id: i64, device: &Device) -> Self {
-        let rows: Vec<(usize, &crate::Trajectory)> = groups
+    pub fn from_groups(groups: &[rlft_rollout::Group], pad_id: i64, device: &Device) -> Self {
+        let rows: Vec<(usize, &rlft_rollout::Trajectory)> = groups
             .iter()
             .enumerate()
             .flat_map(|(g, group)| group.trajectories.iter().map(move |t| (g, t)))
@@ -140,47 +140,6 @@ impl<T> LossOut<T> {
     /// The loss to differentiate and what to hand back with the gradient.
     pub fn new(loss: Tensor<1>, extra: T) -> Self {
         Self { loss, extra }
-    }
-}
-
-impl LearnerBatch {
-    /// `(start, len)` of the fewest chunks of at most `chunk` response positions, all of one
-    /// size but the last.
-    fn chunks(&self, chunk: usize) -> Vec<(usize, usize)> {
-        let t = self.tokens();
-        let c = t.div_ceil(t.div_ceil(chunk.max(1)).max(1)).max(1);
-        (0..t.div_ceil(c))
-            .map(|k| (k * c, c.min(t - k * c)))
-            .collect()
-    }
-
-    fn targets_flat(&self) -> Tensor<1, Int> {
-        self.targets().reshape([self.tokens()])
-    }
-
-    /// As [`LearnerBatch::logprobs`], with the output head run `chunk` response positions at a
-    /// time (no gradient is kept: for frozen models and π_old).
-    ///
-    /// # Errors
-    /// A non-positive temperature.
-    pub fn logprobs_chunked(
-        &self,
-        model: &Transformer,
-        temperature: Option<f64>,
-        chunk: usize,
-    ) -> rlft_algo::Result<Tensor<2>> {
-        if chunk >= self.tokens() {
-            return self.logprobs(model, temperature);
-        }
-        let h = model.hidden_at(&self.input(), self.predict_positions());
-        let targets = self.targets_flat();
-        let mut parts = Vec::new();
-        for (start, len) in self.chunks(chunk) {
-            let logits = model.output_head(h.clone().narrow(0, start, len).unsqueeze::<3>());
-            let t = targets.clone().narrow(0, start, len).unsqueeze::<2>();
-            parts.push(logprobs_from_logits(logits, t, temperature)?.detach());
-        }
-        Ok(self.rows(Tensor::cat(parts, 1)))
     }
 }
 
