@@ -1044,7 +1044,11 @@ fn silent_fallbacks_are_refused() {
         cases.last_mut().unwrap().env = vec![(var, value.into())];
     }
     // --- An empty output_dir: refused before anything is written, here or anywhere.
-    for (name, value) in [("output_dir empty", "\"\""), ("output_dir empty env", "")] {
+    for (name, value) in [
+        ("output_dir empty", "\"\""),
+        ("output_dir blank", "\"  \""),
+        ("output_dir empty env", ""),
+    ] {
         let cwd = tmp.path(&format!("cwd-{}", name.replace(' ', "-")));
         let mut case = Case {
             name: name.into(),

@@ -136,12 +136,14 @@ impl Recipe {
     /// [`Recipe::load`] checks; [`Recipe::validate_with`] adds the algorithm's).
     pub(crate) fn check_values(&self) -> Result<()> {
         let bad = |key: &str, msg: String| Err(TrainError::Recipe(format!("{key}: {msg}")));
-        if self.output_dir.as_os_str().is_empty() {
+        if self.output_dir.to_string_lossy().trim().is_empty() {
             return bad(
                 "output_dir",
-                "must name a folder for the run's metrics and checkpoints, got \"\"; e.g. \
-                 output_dir = \"runs/my-run\""
-                    .into(),
+                format!(
+                    "must name a folder for the run's metrics and checkpoints, got {:?}; e.g. \
+                     output_dir = \"runs/my-run\"",
+                    self.output_dir
+                ),
             );
         }
         if let Some(d) = self.task.dataset.as_deref().filter(|d| !d.is_empty()) {
