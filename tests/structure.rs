@@ -9,15 +9,14 @@
 //! Comments (doc comments too) and string and character literals are skipped. A file
 //! `crates/c/src/foo/bar.rs` belongs to the top-level module `foo`.
 
+mod common;
+
+use common::root;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The most lines a source file may have.
 const MAX_LINES: usize = 700;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// `crates/*/src` folders, sorted.
 fn crate_sources() -> Vec<PathBuf> {
@@ -32,24 +31,6 @@ fn crate_sources() -> Vec<PathBuf> {
     out
 }
 
-/// Every `.rs` file under `dir`, recursively, sorted.
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("readable folder").flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 fn relative(p: &Path) -> String {
     p.strip_prefix(root()).unwrap_or(p).display().to_string()
 }
@@ -58,7 +39,7 @@ fn relative(p: &Path) -> String {
 fn no_source_file_is_over_700_lines() {
     let mut long = Vec::new();
     for src in crate_sources() {
-        for f in rust_files(&src) {
+        for f in common::files(&src, &["rs"]) {
             let n = std::fs::read_to_string(&f)
                 .expect("UTF-8 source")
                 .lines()
@@ -392,7 +373,7 @@ fn root_reexports(lib: &str, modules: &BTreeSet<String>) -> BTreeMap<String, Str
 
 /// `module → the other top-level modules it refers to`, for one crate's source folder.
 fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let files: Vec<PathBuf> = rust_files(src)
+    let files: Vec<PathBuf> = common::files(src, &["rs"])
         .into_iter()
         .filter(|f| !f.strip_prefix(src).is_ok_and(|r| r.starts_with("bin")))
         .collect();

@@ -23,7 +23,7 @@ pub use command::{CommandReward, CommandTool, LineProcess};
 pub use dataset::{Columns, DataCursor, DataLoader, DataRole, Dataset, Example, Prompt};
 pub use env::{Calculator, EnvStep, Environment, NamedTool, SingleTurn, Tool, ToolEnv};
 pub use layout::LearnerBatch;
-pub use pool::{JobOutcome, PoolStats, Ticket, WorkerPool};
+pub use pool::{JobOutcome, PoolStats, Ticket, WorkerPool, panic_message};
 pub use reward::{
     AnswerFormat, ExactMatch, FormatReward, LengthPenalty, Named, OverlongShaping, RegexMatch,
     Reward, RewardInput, RewardOutcome, RewardSet,

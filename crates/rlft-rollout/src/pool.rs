@@ -327,7 +327,9 @@ fn worker_loop(shared: &Arc<Shared>, idx: usize) {
     st.alive -= 1;
 }
 
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+/// The message of a caught panic (`catch_unwind`'s payload): its text, or a placeholder for a
+/// payload that is not a string.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_string())

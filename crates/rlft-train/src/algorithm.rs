@@ -39,7 +39,7 @@ impl Recipe {
     }
 
     /// As [`Recipe::validate`], looking `algorithm.loss` up in `registry`. [`Recipe::load`]
-    /// checks values only; the trainer runs this with the registry it trains with
+    /// checks values only; the trainer makes the same checks with the registry it trains with
     /// ([`crate::Trainer::with_extensions`]) before anything is written, so a recipe file may
     /// name a loss a downstream trainer registered.
     ///

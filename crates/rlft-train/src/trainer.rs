@@ -190,13 +190,14 @@ impl Trainer {
         resume: Option<&Path>,
         ext: Extensions,
     ) -> Result<Self> {
-        recipe.validate_with(&ext.registry)?;
+        // What `Recipe::validate_with` checks, resolving `[algorithm]` once.
+        recipe.check_values()?;
+        let algo = resolve_algorithm(&recipe, &ext.registry)?;
         let resume = resume.map(checkpoint::resume_from).transpose()?;
         if let Some(r) = &resume {
             recipe.check_resume(&Recipe::from_stored(&r.stored_recipe()?)?)?;
             recipe.output_dir = r.run_dir();
         }
-        let algo = resolve_algorithm(&recipe, &ext.registry)?;
         // With data parallelism the first rank's device is the run's.
         let devices = &recipe.distributed.devices;
         let plain = rlft_model::device::resolve(Some(devices.first().unwrap_or(&recipe.device)))?;

@@ -74,12 +74,12 @@ impl AlgorithmSection {
         }
     }
 
-    /// Every setting above, checked.
+    /// Every setting above but `advantage` (which [`Recipe::checked_advantage`] checks with the
+    /// model settings), checked.
     fn check_settings(&self) -> Result<()> {
         self.ratio_level()?;
         self.aggregation()?;
         self.kl_estimator()?;
-        self.advantage()?;
         self.kl_control()?;
         self.correction.resolve()?;
         Ok(())

@@ -14,7 +14,7 @@ use crate::{Result, TrainError};
 use burn::module::Module;
 use burn::tensor::Device;
 use rlft_model::Transformer;
-use rlft_rollout::{DataCursor, WeightUpdate};
+use rlft_rollout::{DataCursor, WeightUpdate, panic_message};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -285,7 +285,7 @@ fn worker(i: usize, shared: &Shared, side: &RolloutSide, timeline: &Timeline) {
                 }
             })
         };
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             side.collect(
                 &model,
                 version,
@@ -293,25 +293,14 @@ fn worker(i: usize, shared: &Shared, side: &RolloutSide, timeline: &Timeline) {
                 &mut |n| shared.lock().admission.draw(serial, n),
                 Some(&mut poll),
             )
-        }))
-        .unwrap_or_else(|p| {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            Err(TrainError::Worker {
-                worker: i,
-                msg: format!("panicked while generating batch {serial}: {msg}"),
-            })
-        })
-        .map_err(|e| match e {
-            TrainError::Worker { .. } => e,
-            other => TrainError::Worker {
-                worker: i,
-                msg: format!("batch {serial}: {other}"),
-            },
-        });
+        })) {
+            Ok(collected) => collected.map_err(|e| format!("batch {serial}: {e}")),
+            Err(p) => Err(format!(
+                "panicked while generating batch {serial}: {}",
+                panic_message(&*p)
+            )),
+        }
+        .map_err(|msg| TrainError::Worker { worker: i, msg });
         let t_end = timeline.now();
         let (tokens, score) = result
             .as_ref()
