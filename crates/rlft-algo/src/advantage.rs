@@ -126,6 +126,26 @@ impl AdvantageEstimator {
         })
     }
 
+    /// The name [`AdvantageEstimator::from_name`] reads back (settings such as γ are not part
+    /// of it).
+    pub fn name(&self) -> &'static str {
+        match self {
+            AdvantageEstimator::Grpo {
+                norm_by_std: true, ..
+            } => "grpo",
+            AdvantageEstimator::Grpo { .. } => "dr_grpo",
+            AdvantageEstimator::GroupMeanBatchStd { .. } => "batch_std",
+            AdvantageEstimator::Rloo => "rloo",
+            AdvantageEstimator::ReinforcePlusPlus { .. } => "reinforce_plus_plus",
+            AdvantageEstimator::ReinforcePlusPlusBaseline => "reinforce_plus_plus_baseline",
+            AdvantageEstimator::Opo => "opo",
+            AdvantageEstimator::Remax => "remax",
+            AdvantageEstimator::GrpoPassk { .. } => "grpo_passk",
+            AdvantageEstimator::Gpg { .. } => "gpg",
+            AdvantageEstimator::Gae { .. } => "gae",
+        }
+    }
+
     /// Whether the estimator needs a critic's `values`.
     pub fn needs_values(&self) -> bool {
         matches!(self, AdvantageEstimator::Gae { .. })
@@ -574,5 +594,13 @@ mod tests {
                 .to_string()
                 .contains("rloo")
         );
+    }
+
+    #[test]
+    fn every_name_reads_back() {
+        for name in ESTIMATOR_NAMES {
+            let e = AdvantageEstimator::from_name(name).unwrap();
+            assert_eq!(e.name(), name);
+        }
     }
 }

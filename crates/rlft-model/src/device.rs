@@ -38,27 +38,151 @@ pub fn compiled_backends() -> Vec<&'static str> {
     all.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect()
 }
 
+/// A device string, parsed: which backend and which of its devices. Parsing checks the
+/// syntax only; [`DeviceSpec::device`] creates the device and fails for a backend that is not
+/// compiled in. Written back ([`Display`](std::fmt::Display), serde) in the form it is read, with
+/// index 0 left out (`cuda`, `cuda:1`, `wgpu:cpu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DeviceSpec {
+    /// `auto`: `RLFT_DEVICE` if set, else burn's default.
+    #[default]
+    Auto,
+    /// `flex`.
+    Flex,
+    /// `ndarray`.
+    Ndarray,
+    /// `cpu` (CubeCL CPU).
+    Cpu,
+    /// `wgpu[:N|:cpu]`.
+    Wgpu(GpuTarget),
+    /// `vulkan[:N|:cpu]`.
+    Vulkan(GpuTarget),
+    /// `metal[:N|:cpu]`.
+    Metal(GpuTarget),
+    /// `cuda[:N]`.
+    Cuda(usize),
+    /// `rocm[:N]`.
+    Rocm(usize),
+}
+
+/// Which adapter a wgpu-family backend uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GpuTarget {
+    /// `:cpu`: a CPU adapter (e.g. Mesa lavapipe).
+    Cpu,
+    /// `:N` (default 0): the N-th discrete GPU.
+    Discrete(usize),
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = ModelError;
+
+    fn from_str(spec: &str) -> Result<Self> {
+        let spec = spec.trim().to_ascii_lowercase();
+        let (name, arg) = match spec.split_once(':') {
+            Some((n, a)) => (n, Some(a)),
+            None => (spec.as_str(), None),
+        };
+        let gpu = || -> Result<GpuTarget> {
+            match arg {
+                Some("cpu") => Ok(GpuTarget::Cpu),
+                other => index(name, other).map(GpuTarget::Discrete),
+            }
+        };
+        Ok(match name {
+            "auto" | "" if arg.is_none() => DeviceSpec::Auto,
+            "flex" if arg.is_none() => DeviceSpec::Flex,
+            "ndarray" if arg.is_none() => DeviceSpec::Ndarray,
+            "cpu" if arg.is_none() => DeviceSpec::Cpu,
+            "wgpu" => DeviceSpec::Wgpu(gpu()?),
+            "vulkan" => DeviceSpec::Vulkan(gpu()?),
+            "metal" => DeviceSpec::Metal(gpu()?),
+            "cuda" => DeviceSpec::Cuda(index(name, arg)?),
+            "rocm" => DeviceSpec::Rocm(index(name, arg)?),
+            _ => {
+                return Err(ModelError::Device(format!(
+                    "unknown device '{spec}'; use one of: {}",
+                    DEVICE_NAMES.join(", ")
+                )));
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let with_index = |f: &mut std::fmt::Formatter<'_>, name: &str, i: usize| {
+            if i == 0 {
+                f.write_str(name)
+            } else {
+                write!(f, "{name}:{i}")
+            }
+        };
+        let gpu = |f: &mut std::fmt::Formatter<'_>, name: &str, t: GpuTarget| match t {
+            GpuTarget::Cpu => write!(f, "{name}:cpu"),
+            GpuTarget::Discrete(i) => with_index(f, name, i),
+        };
+        match *self {
+            DeviceSpec::Auto => f.write_str("auto"),
+            DeviceSpec::Flex => f.write_str("flex"),
+            DeviceSpec::Ndarray => f.write_str("ndarray"),
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Wgpu(t) => gpu(f, "wgpu", t),
+            DeviceSpec::Vulkan(t) => gpu(f, "vulkan", t),
+            DeviceSpec::Metal(t) => gpu(f, "metal", t),
+            DeviceSpec::Cuda(i) => with_index(f, "cuda", i),
+            DeviceSpec::Rocm(i) => with_index(f, "rocm", i),
+        }
+    }
+}
+
+impl serde::Serialize for DeviceSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DeviceSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl DeviceSpec {
+    /// Whether this is `auto`.
+    pub fn is_auto(self) -> bool {
+        self == DeviceSpec::Auto
+    }
+
+    /// Creates the device.
+    ///
+    /// # Errors
+    /// A backend that is not compiled in, naming the cargo feature to add (e.g. `backend 'cuda'
+    /// is not compiled in; rebuild with --features cuda`); for `auto`, a bad `RLFT_DEVICE` or
+    /// `BURN_DEVICE`.
+    pub fn device(self) -> Result<Device> {
+        match self {
+            DeviceSpec::Auto => auto(),
+            DeviceSpec::Flex => simple("flex"),
+            DeviceSpec::Ndarray => simple("ndarray"),
+            DeviceSpec::Cpu => simple("cpu"),
+            DeviceSpec::Wgpu(t) => gpu("wgpu", t),
+            DeviceSpec::Vulkan(t) => gpu("vulkan", t),
+            DeviceSpec::Metal(t) => gpu("metal", t),
+            DeviceSpec::Cuda(i) => indexed("cuda", i),
+            DeviceSpec::Rocm(i) => indexed("rocm", i),
+        }
+    }
+}
+
 /// Parses a device string (`auto | flex | ndarray | cpu | wgpu | wgpu:cpu | vulkan | metal |
-/// cuda[:N] | rocm[:N]`) into a [`Device`].
+/// cuda[:N] | rocm[:N]`) into a [`Device`]: [`DeviceSpec`], then [`DeviceSpec::device`].
 ///
 /// A backend that is not compiled in gives an error naming the cargo feature to add, e.g.
 /// `backend 'cuda' is not compiled in; rebuild with --features cuda`.
 pub fn parse(spec: &str) -> Result<Device> {
-    let spec = spec.trim().to_ascii_lowercase();
-    let (name, arg) = match spec.split_once(':') {
-        Some((n, a)) => (n, Some(a)),
-        None => (spec.as_str(), None),
-    };
-    match name {
-        "auto" | "" if arg.is_none() => auto(),
-        "flex" | "ndarray" | "cpu" if arg.is_none() => simple(name),
-        "wgpu" | "vulkan" | "metal" => gpu(name, arg),
-        "cuda" | "rocm" => indexed(name, arg),
-        _ => Err(ModelError::Device(format!(
-            "unknown device '{spec}'; use one of: {}",
-            DEVICE_NAMES.join(", ")
-        ))),
-    }
+    spec.parse::<DeviceSpec>()?.device()
 }
 
 /// Resolves an optional device string: the string if given, else `RLFT_DEVICE`, else `auto`.
@@ -153,16 +277,12 @@ fn simple(name: &str) -> Result<Device> {
 }
 
 #[allow(unreachable_code, unused_variables)]
-fn gpu(name: &str, arg: Option<&str>) -> Result<Device> {
+fn gpu(name: &str, target: GpuTarget) -> Result<Device> {
     #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "metal"))]
-    let kind = match arg {
-        Some("cpu") => burn::tensor::DeviceKind::Cpu,
-        other => burn::tensor::DeviceKind::DiscreteGpu(index(name, other)?),
+    let kind = match target {
+        GpuTarget::Cpu => burn::tensor::DeviceKind::Cpu,
+        GpuTarget::Discrete(i) => burn::tensor::DeviceKind::DiscreteGpu(i),
     };
-    #[cfg(not(any(feature = "wgpu", feature = "vulkan", feature = "metal")))]
-    if arg != Some("cpu") {
-        index(name, arg)?;
-    }
     match name {
         "wgpu" => {
             #[cfg(feature = "wgpu")]
@@ -181,8 +301,7 @@ fn gpu(name: &str, arg: Option<&str>) -> Result<Device> {
 }
 
 #[allow(unreachable_code, unused_variables)]
-fn indexed(name: &str, arg: Option<&str>) -> Result<Device> {
-    let i = index(name, arg)?;
+fn indexed(name: &str, i: usize) -> Result<Device> {
     if name == "cuda" {
         #[cfg(feature = "cuda")]
         return Ok(Device::cuda(i));
@@ -225,6 +344,22 @@ mod tests {
         let err = parse("cuda:x").unwrap_err().to_string();
         assert!(err.contains("device index"), "{err}");
         assert!(parse("flex:0").is_err());
+    }
+
+    #[test]
+    fn specs_are_written_back_as_read() {
+        for text in [
+            "auto", "flex", "ndarray", "cpu", "wgpu", "wgpu:cpu", "wgpu:2", "cuda:1", "rocm",
+        ] {
+            let spec: DeviceSpec = text.parse().unwrap();
+            assert_eq!(spec.to_string(), text);
+            assert_eq!(spec.to_string().parse::<DeviceSpec>().unwrap(), spec);
+        }
+        assert_eq!("CUDA:0".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
+        assert_eq!("".parse::<DeviceSpec>().unwrap(), DeviceSpec::Auto);
+        let spec: DeviceSpec = serde_json::from_str("\"wgpu:cpu\"").unwrap();
+        assert_eq!(spec, DeviceSpec::Wgpu(GpuTarget::Cpu));
+        assert!(serde_json::from_str::<DeviceSpec>("\"tpu\"").is_err());
     }
 
     #[test]

@@ -64,13 +64,13 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
     if let Some(v) = a.clip_high {
         c.clip_ratio_high = v;
     }
-    if let Some(level) = a.ratio_level()? {
+    if let Some(level) = a.ratio_level {
         c.ratio_level = level;
     }
-    if let Some(aggregation) = a.aggregation()? {
+    if let Some(aggregation) = a.aggregation {
         c.aggregation = aggregation;
     }
-    c.kl_estimator = a.kl_estimator()?;
+    c.kl_estimator = a.kl_estimator;
     c.kl_coef = if a.kl_placement == KlPlacement::Loss {
         a.kl_coef
     } else {
@@ -80,7 +80,7 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
     preset
         .validate(&c)
         .map_err(|e| TrainError::Recipe(format!("algorithm: {e}")))?;
-    let advantage = recipe.checked_advantage(a.advantage()?.unwrap_or(preset.advantage))?;
+    let advantage = recipe.checked_advantage(a.advantage.unwrap_or(preset.advantage))?;
     let correction = a.correction.resolve()?;
     let mode = a.correction.mode;
     if a.ratio_reference == RatioReference::Behaviour {

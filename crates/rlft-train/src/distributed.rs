@@ -32,7 +32,8 @@ pub struct DistributedSection {
     /// One learner rank per device, e.g. `["cuda:0", "cuda:1"]` or `["flex", "flex"]` (empty:
     /// one rank on the recipe's `device`). The top-level `device` must then be unset (`auto`)
     /// or the first of them.
-    pub devices: Vec<String>,
+    #[schemars(with = "Vec<String>")]
+    pub devices: Vec<rlft_model::device::DeviceSpec>,
 }
 
 impl DistributedSection {
@@ -43,23 +44,19 @@ impl DistributedSection {
 
     /// Checks the devices against the recipe's top-level `device`; on error returns the key and
     /// what to change.
-    pub(crate) fn check(&self, device: &str) -> std::result::Result<(), (&'static str, String)> {
-        let Some(first) = self.devices.first() else {
+    pub(crate) fn check(
+        &self,
+        device: rlft_model::device::DeviceSpec,
+    ) -> std::result::Result<(), (&'static str, String)> {
+        let Some(&first) = self.devices.first() else {
             return Ok(());
         };
         for d in &self.devices {
-            if let Err(e) = rlft_model::device::parse(d) {
+            if let Err(e) = d.device() {
                 return Err(("distributed.devices", format!("'{d}': {e}")));
             }
         }
-        let device = device.trim();
-        let same = |a: &str, b: &str| {
-            matches!(
-                (rlft_model::device::parse(a), rlft_model::device::parse(b)),
-                (Ok(a), Ok(b)) if a == b
-            )
-        };
-        if !(device.is_empty() || device.eq_ignore_ascii_case("auto") || same(device, first)) {
+        if !(device.is_auto() || device == first) {
             return Err((
                 "device",
                 format!(

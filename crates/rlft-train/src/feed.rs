@@ -140,13 +140,7 @@ impl Trainer {
             .take()
             .ok_or_else(|| TrainError::Pipeline("the admission controller is gone".into()))?;
         let a = &self.recipe.asynchrony;
-        let device = self
-            .recipe
-            .rollout
-            .device
-            .as_deref()
-            .map(rlft_model::device::parse)
-            .transpose()?;
+        let device = self.recipe.rollout.device.map(|d| d.device()).transpose()?;
         let settings = WorkerSettings {
             workers: a.rollout_workers.unwrap_or(1),
             threads: a.rollout_threads,

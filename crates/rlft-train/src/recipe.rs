@@ -5,6 +5,9 @@
 use crate::correction::{CorrectionSection, RatioReference};
 use crate::distributed::DistributedSection;
 use crate::{Result, TrainError};
+use rlft_algo::{AdvantageEstimator, KlEstimator, LossAggregation, RatioLevel};
+use rlft_model::device::DeviceSpec;
+use rlft_rollout::TaskKind;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -12,6 +15,7 @@ mod asynchrony;
 mod data;
 mod keys;
 mod load;
+mod named;
 pub mod reference;
 mod resume;
 mod validate;
@@ -32,8 +36,9 @@ pub struct Recipe {
     pub seed: u64,
     /// Where metrics, checkpoints and the final model go.
     pub output_dir: PathBuf,
-    /// Device string (`auto`, `flex`, `wgpu`, `cuda:0`, ...).
-    pub device: String,
+    /// Device (`auto`, `flex`, `ndarray`, `cpu`, `wgpu[:N|:cpu]`, `cuda[:N]`, ...).
+    #[schemars(with = "named::DeviceName")]
+    pub device: DeviceSpec,
     /// The policy.
     pub model: ModelSection,
     /// The task or dataset.
@@ -73,7 +78,7 @@ impl Default for Recipe {
         Self {
             seed: 0,
             output_dir: "runs/default".into(),
-            device: "auto".into(),
+            device: DeviceSpec::Auto,
             model: ModelSection::default(),
             task: TaskSection::default(),
             rollout: RolloutSection::default(),
@@ -107,7 +112,8 @@ pub struct ModelSection {
     pub critic: bool,
     /// The reference model's device (`cpu`, `ndarray`, `cuda:1`, …; default the learner's):
     /// its weights move there and only its log-probs come back.
-    pub reference_device: Option<String>,
+    #[schemars(with = "Option<named::DeviceName>")]
+    pub reference_device: Option<DeviceSpec>,
     /// The float type the model computes in: `f32`, or `bf16` / `f16` with f32 master weights,
     /// f32 optimiser state and f32 log-probs and losses ([`ModelDtype`]).
     pub dtype: ModelDtype,
@@ -147,15 +153,15 @@ impl ModelDtype {
         }
     }
 
-    /// Checks that `device` (named `name`, set by recipe key `key`) computes in this type: burn
+    /// Checks that `device` (from `spec`, set by recipe key `key`) computes in this type: burn
     /// 0.22's ndarray backend has no half types, WGSL (plain wgpu) no bf16 and f16 only where
     /// the adapter offers it.
-    pub fn check(self, device: &burn::tensor::Device, key: &str, name: &str) -> Result<()> {
+    pub fn check(self, device: &burn::tensor::Device, key: &str, spec: DeviceSpec) -> Result<()> {
         if self == Self::F32 || device.supports_dtype(self.float_dtype()) {
             return Ok(());
         }
         Err(TrainError::Recipe(format!(
-            "model.dtype = \"{}\": the {key} '{name}' has no {} arithmetic (burn 0.22: ndarray \
+            "model.dtype = \"{}\": the {key} '{spec}' has no {} arithmetic (burn 0.22: ndarray \
              has no half types; wgpu's WGSL has no bf16, and f16 only where the adapter offers \
              it); set model.dtype = \"f32\", or use a device that has it: flex or cuda (bf16 \
              and f16), vulkan where the GPU reports it",
@@ -221,12 +227,12 @@ impl Default for LoraSection {
 #[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TaskSection {
-    /// Built-in task (`arithmetic`, `countdown`, `calculator_tool`).
-    pub name: String,
+    /// Built-in task.
+    pub name: TaskKind,
     /// 1 to 3.
     pub difficulty: u32,
     /// Operations for `arithmetic`.
-    pub ops: Vec<String>,
+    pub ops: Vec<ArithmeticOp>,
     /// Chat-formatted prompts (needs a chat template).
     pub chat: bool,
     /// Removed: give your file as `data.train` with `[[reward]]` terms. Kept so that runs
@@ -238,11 +244,46 @@ pub struct TaskSection {
 impl Default for TaskSection {
     fn default() -> Self {
         Self {
-            name: "arithmetic".into(),
+            name: TaskKind::Arithmetic,
             difficulty: 1,
-            ops: vec!["+".into(), "-".into(), "*".into()],
+            ops: vec![ArithmeticOp::Add, ArithmeticOp::Sub, ArithmeticOp::Mul],
             chat: false,
             dataset: None,
+        }
+    }
+}
+
+/// An operation of the `arithmetic` task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ArithmeticOp {
+    /// `+`.
+    #[serde(rename = "+")]
+    Add,
+    /// `-`.
+    #[serde(rename = "-")]
+    Sub,
+    /// `*`.
+    #[serde(rename = "*")]
+    Mul,
+}
+
+/// A string, one of the symbols.
+impl schemars::JsonSchema for ArithmeticOp {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ArithmeticOp".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string", "enum": ["+", "-", "*"] })
+    }
+}
+
+impl ArithmeticOp {
+    /// Its symbol.
+    pub fn symbol(self) -> char {
+        match self {
+            ArithmeticOp::Add => '+',
+            ArithmeticOp::Sub => '-',
+            ArithmeticOp::Mul => '*',
         }
     }
 }
@@ -276,7 +317,8 @@ pub struct RolloutSection {
     /// leave the device).
     pub sample_on: rlft_rollout::SampleOn,
     /// Async mode: the rollout workers' device (`cpu`, `cuda:1`, …; default the learner's).
-    pub device: Option<String>,
+    #[schemars(with = "Option<named::DeviceName>")]
+    pub device: Option<DeviceSpec>,
 }
 
 impl Default for RolloutSection {
@@ -305,20 +347,28 @@ pub struct AlgorithmSection {
     /// Loss or preset from the registry (`grpo`, `dr_grpo`, `dapo`, `gspo`, `cispo`, `ctpo`,
     /// `ppo`, ...).
     pub loss: String,
-    /// `token`, `sequence` or `cumulative`; empty: the preset's.
-    pub ratio_level: String,
+    /// Which actions a ratio covers; unset: the preset's.
+    #[serde(with = "named::optional")]
+    #[schemars(with = "Option<RatioLevel>")]
+    pub ratio_level: Option<RatioLevel>,
     /// Lower clip ε (unset: the preset's).
     pub clip_low: Option<f64>,
     /// Upper clip ε (unset: the preset's).
     pub clip_high: Option<f64>,
-    /// Aggregation (`token_mean`, `seq_mean_token_mean`, ...); empty: the preset's.
-    pub aggregation: String,
-    /// Advantage estimator (`grpo`, `dr_grpo`, `rloo`, `gae`, ...); empty: the preset's.
-    pub advantage: String,
+    /// How per-token losses become one number; unset: the preset's.
+    #[serde(with = "named::optional")]
+    #[schemars(with = "Option<LossAggregation>")]
+    pub aggregation: Option<LossAggregation>,
+    /// Advantage estimator; unset: the preset's (`gae` takes `gamma` and `lam`).
+    #[serde(with = "named::optional")]
+    #[schemars(with = "Option<named::AdvantageName>")]
+    pub advantage: Option<AdvantageEstimator>,
     /// KL coefficient β (0 = no reference model).
     pub kl_coef: f64,
-    /// KL estimator (`k1`, `k2`, `k3`, `abs`, ...).
-    pub kl_estimator: String,
+    /// KL estimator.
+    #[serde(with = "named::required")]
+    #[schemars(with = "KlEstimator")]
+    pub kl_estimator: KlEstimator,
     /// `loss` (β·KL in the loss) or `reward` (−β·KL per token in the reward).
     pub kl_placement: KlPlacement,
     /// Entropy bonus α.
@@ -370,13 +420,13 @@ impl Default for AlgorithmSection {
     fn default() -> Self {
         Self {
             loss: "grpo".into(),
-            ratio_level: String::new(),
+            ratio_level: None,
             clip_low: None,
             clip_high: None,
-            aggregation: String::new(),
-            advantage: String::new(),
+            aggregation: None,
+            advantage: None,
             kl_coef: 0.0,
-            kl_estimator: "k3".into(),
+            kl_estimator: KlEstimator::K3,
             kl_placement: KlPlacement::Loss,
             entropy_coef: 0.0,
             ppo_epochs: 1,

@@ -32,7 +32,7 @@ use rlft_algo::loss::LossRegistry;
 use rlft_algo::seed::spread;
 use rlft_algo::shaping::OverlongPenalty;
 use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
-use rlft_rollout::{DataCursor, Dataset, Example, Task, TaskKind, Trajectory};
+use rlft_rollout::{DataCursor, Dataset, Example, Task, Trajectory};
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
@@ -200,12 +200,13 @@ impl Trainer {
         }
         // With data parallelism the first rank's device is the run's.
         let devices = &recipe.distributed.devices;
-        let plain = rlft_model::device::resolve(Some(devices.first().unwrap_or(&recipe.device)))?;
+        let run_device = devices.first().copied().unwrap_or(recipe.device);
+        let plain = run_device.device()?;
         let device = plain.clone().autodiff();
         let ranks = devices
             .iter()
             .skip(1)
-            .map(|d| rlft_model::device::parse(d).map(|d| d.autodiff()))
+            .map(|d| d.device().map(|d| d.autodiff()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         device.seed(recipe.seed);
         let out = &recipe.output_dir;
@@ -245,12 +246,12 @@ impl Trainer {
         };
         // Half-precision passes where every device of the run has them.
         let dtype = recipe.model.dtype;
-        dtype.check(&plain, "device", devices.first().unwrap_or(&recipe.device))?;
-        for (d, name) in ranks.iter().zip(devices.iter().skip(1)) {
-            dtype.check(d, "distributed.devices entry", name)?;
+        dtype.check(&plain, "device", run_device)?;
+        for (d, &spec) in ranks.iter().zip(devices.iter().skip(1)) {
+            dtype.check(d, "distributed.devices entry", spec)?;
         }
-        if let Some(name) = &recipe.rollout.device {
-            dtype.check(&rlft_model::device::parse(name)?, "rollout.device", name)?;
+        if let Some(spec) = recipe.rollout.device {
+            dtype.check(&spec.device()?, "rollout.device", spec)?;
         }
         let policy = policy.with_compute_dtype(dtype.float_dtype());
         let policy = if recipe.model.lora.rank > 0 {
@@ -262,12 +263,12 @@ impl Trainer {
             policy
         };
         let reference = if recipe.algorithm.kl_coef > 0.0 {
-            let device = match &recipe.model.reference_device {
-                Some(d) => rlft_model::device::parse(d)?,
+            let device = match recipe.model.reference_device {
+                Some(d) => d.device()?,
                 None => plain.clone(),
             };
-            if let Some(name) = &recipe.model.reference_device {
-                dtype.check(&device, "model.reference_device", name)?;
+            if let Some(spec) = recipe.model.reference_device {
+                dtype.check(&device, "model.reference_device", spec)?;
             }
             // Frozen: stored in the compute type.
             Some(Reference {
@@ -281,13 +282,8 @@ impl Trainer {
             .model
             .critic
             .then(|| ValueModel::from_trunk(policy.clone(), &device));
-        let mut task = Task::new(TaskKind::parse(&recipe.task.name)?, recipe.task.difficulty)?;
-        task.ops = recipe
-            .task
-            .ops
-            .iter()
-            .filter_map(|o| o.chars().next())
-            .collect();
+        let mut task = Task::new(recipe.task.name, recipe.task.difficulty)?;
+        task.ops = recipe.task.ops.iter().map(|o| o.symbol()).collect();
         task.chat = recipe.task.chat;
         task.seed = recipe.seed;
         if task.chat && tokenizer.chat_template.is_none() {

@@ -4,52 +4,11 @@
 use super::{AlgorithmSection, Recipe};
 use crate::{Result, TrainError};
 use rlft_algo::advantage::AdvantageEstimator;
-use rlft_algo::aggregation::LossAggregation;
-use rlft_algo::kl::{AdaptiveKlController, KlEstimator};
-use rlft_algo::ratio::RatioLevel;
+use rlft_algo::kl::AdaptiveKlController;
 
 /// `[algorithm]`'s settings that do not depend on the loss registry, parsed: checked when a
 /// recipe loads, and used by the trainer's resolution ([`Recipe::validate_with`]).
 impl AlgorithmSection {
-    /// `ratio_level` (`None`: the preset's).
-    ///
-    /// # Errors
-    /// An unknown name, listing the known ones.
-    pub fn ratio_level(&self) -> Result<Option<RatioLevel>> {
-        parse_named("algorithm.ratio_level", &self.ratio_level)
-    }
-
-    /// `aggregation` (`None`: the preset's).
-    ///
-    /// # Errors
-    /// An unknown name, listing the known ones.
-    pub fn aggregation(&self) -> Result<Option<LossAggregation>> {
-        parse_named("algorithm.aggregation", &self.aggregation)
-    }
-
-    /// `kl_estimator`.
-    ///
-    /// # Errors
-    /// An unknown name, listing the known ones.
-    pub fn kl_estimator(&self) -> Result<KlEstimator> {
-        self.kl_estimator
-            .parse::<KlEstimator>()
-            .map_err(|e| TrainError::Recipe(format!("algorithm.kl_estimator: {e}")))
-    }
-
-    /// `advantage` (`None`: the preset's).
-    ///
-    /// # Errors
-    /// An unknown name, listing the known ones.
-    pub fn advantage(&self) -> Result<Option<AdvantageEstimator>> {
-        if self.advantage.is_empty() {
-            return Ok(None);
-        }
-        AdvantageEstimator::from_name(&self.advantage)
-            .map(Some)
-            .map_err(|e| TrainError::Recipe(format!("algorithm.advantage: {e}")))
-    }
-
     /// The adaptive KL controller of `kl_target` and `kl_horizon`, starting at `kl_coef`.
     ///
     /// # Errors
@@ -74,29 +33,13 @@ impl AlgorithmSection {
         }
     }
 
-    /// Every setting above but `advantage` (which [`Recipe::checked_advantage`] checks with the
-    /// model settings), checked.
+    /// The settings that are more than a name (the adaptive KL controller, the correction),
+    /// checked; `advantage` is checked with the model settings ([`Recipe::checked_advantage`]).
     fn check_settings(&self) -> Result<()> {
-        self.ratio_level()?;
-        self.aggregation()?;
-        self.kl_estimator()?;
         self.kl_control()?;
         self.correction.resolve()?;
         Ok(())
     }
-}
-
-/// An optional name from one of rlft-algo's name tables (empty: unset).
-fn parse_named<T: std::str::FromStr<Err = rlft_algo::AlgoError>>(
-    key: &str,
-    text: &str,
-) -> Result<Option<T>> {
-    if text.is_empty() {
-        return Ok(None);
-    }
-    text.parse::<T>()
-        .map(Some)
-        .map_err(|e| TrainError::Recipe(format!("{key}: {e}")))
 }
 
 /// The largest count a recipe may give for anything that is allocated or looped over per item.
@@ -342,33 +285,23 @@ impl Recipe {
                 ),
             );
         }
-        rlft_rollout::TaskKind::parse(&self.task.name)
-            .map(|_| ())
-            .or_else(|e| bad("task.name", e.to_string()))?;
         if !(1..=3).contains(&self.task.difficulty) {
             return bad(
                 "task.difficulty",
                 format!("must be 1, 2 or 3, got {}", self.task.difficulty),
             );
         }
-        for op in &self.task.ops {
-            if !["+", "-", "*"].contains(&op.as_str()) {
-                return bad(
-                    "task.ops",
-                    format!("'{op}': use any of \"+\", \"-\", \"*\""),
-                );
-            }
-        }
         let e = self.sft.teacher_error;
         if !(0.0..=1.0).contains(&e) {
             return bad("sft.teacher_error", format!("must be in [0, 1], got {e}"));
         }
-        if e > 0.0 && self.task.name != "arithmetic" {
+        if e > 0.0 && self.task.name != rlft_rollout::TaskKind::Arithmetic {
             return bad(
                 "sft.teacher_error",
                 format!(
-                    "only the arithmetic task has numeric answers to get wrong, not '{}'; set it to 0",
-                    self.task.name
+                    "only the arithmetic task has numeric answers to get wrong, not '{}'; set it \
+                     to 0",
+                    rlft_rollout::TaskKind::NAMES[self.task.name as usize]
                 ),
             );
         }
@@ -378,7 +311,7 @@ impl Recipe {
         if let Err((key, e)) = self.asynchrony.check() {
             return bad(key, e);
         }
-        if let Err((key, e)) = self.distributed.check(&self.device) {
+        if let Err((key, e)) = self.distributed.check(self.device) {
             return bad(key, e);
         }
         if let Some(d) = &self.model.reference_device {
@@ -390,7 +323,7 @@ impl Recipe {
                         .into(),
                 );
             }
-            if let Err(e) = rlft_model::device::parse(d) {
+            if let Err(e) = d.device() {
                 return bad("model.reference_device", e.to_string());
             }
         }
@@ -403,12 +336,12 @@ impl Recipe {
                         .into(),
                 );
             }
-            if let Err(e) = rlft_model::device::parse(d) {
+            if let Err(e) = d.device() {
                 return bad("rollout.device", e.to_string());
             }
         }
         a.check_settings()?;
-        if let Some(advantage) = a.advantage()? {
+        if let Some(advantage) = a.advantage {
             self.checked_advantage(advantage)?;
         }
         if a.correction.mode == crate::correction::CorrectionMode::Bypass && self.model.critic {
