@@ -2,9 +2,9 @@
 //! from the rollout workers (async mode), then consumed under the staleness bound.
 
 use crate::events::EventKind;
-use crate::recipe::AsyncMode;
 use crate::rollout_side::admission::{Admission, PipelineState};
 use crate::rollout_side::collect::Collected;
+use crate::rollout_side::feed::Feed;
 use crate::rollout_side::workers::{WorkerSettings, Workers};
 use crate::trainer::Trainer;
 use crate::{Result, TrainError};
@@ -43,26 +43,14 @@ impl Trainer {
         ))
     }
 
-    /// The admission state and data position to checkpoint.
-    pub(crate) fn feed_state(&self) -> (PipelineState, DataCursor) {
-        match (&self.workers, &self.inline) {
-            (Some(w), _) => w.checkpoint_state(),
-            (None, Some(a)) => (a.state(), a.cursor()),
-            (None, None) => (PipelineState::default(), DataCursor::default()),
-        }
-    }
-
     /// Step `step`'s batch, consumed: groups older than η are requeued, dropped or kept.
     pub(crate) fn next_batch(&mut self, step: usize) -> Result<(Collected, FeedStats)> {
         let serial = step as u64;
         let mut stats = FeedStats::default();
-        let mut batch = if self.recipe.asynchrony.mode == AsyncMode::Async {
-            if self.workers.is_none() {
-                self.start_workers(step)?;
-            }
-            let w = self.workers.as_ref().ok_or_else(|| {
-                TrainError::Pipeline("the rollout workers are not running".into())
-            })?;
+        if let Feed::AsyncIdle(_) = self.feed {
+            self.start_workers(step)?;
+        }
+        let mut batch = if let Feed::Async(w) = &self.feed {
             let d = w.take(serial)?;
             stats.waited_secs = d.waited_secs;
             stats.queue_groups = d.queue_groups;
@@ -78,11 +66,9 @@ impl Trainer {
             .map(|g| g.oldest_version().unwrap_or(serial))
             .collect();
         let on_stale = self.recipe.asynchrony.on_stale();
-        let consumed = match (&self.workers, self.inline.as_mut()) {
-            (Some(w), _) => w.consume(serial, serial, &oldest, &batch.prompts, on_stale),
-            (None, Some(a)) => a.consume(serial, serial, &oldest, &batch.prompts, on_stale),
-            (None, None) => Default::default(),
-        };
+        let consumed = self
+            .feed
+            .consume(serial, &oldest, &batch.prompts, on_stale)?;
         stats.requeued = consumed.requeued;
         stats.dropped = consumed.dropped;
         if consumed.keep.iter().any(|k| !k) {
@@ -102,17 +88,14 @@ impl Trainer {
     /// of `async.lag` versions ago.
     fn collect_inline(&mut self, step: usize) -> Result<Collected> {
         let current = self.policy().valid();
-        let (version, model) = match self.snapshots.as_mut() {
+        let (version, model) = match self.feed.snapshots_mut() {
             Some(s) => {
                 let (v, m) = s.sample_with(step as u64, current);
                 (v, m.clone())
             }
             None => (step as u64, current),
         };
-        let admission = self
-            .inline
-            .as_mut()
-            .ok_or_else(|| TrainError::Pipeline("the admission controller is gone".into()))?;
+        let admission = self.feed.admission_mut()?;
         let serial = admission.issue();
         let t0 = self.timeline.now();
         let c = self.side.collect(
@@ -135,10 +118,11 @@ impl Trainer {
     /// Starts the rollout workers with the current weights (version `step`), handing them the
     /// admission controller.
     fn start_workers(&mut self, step: usize) -> Result<()> {
-        let admission = self
-            .inline
-            .take()
-            .ok_or_else(|| TrainError::Pipeline("the admission controller is gone".into()))?;
+        let Feed::AsyncIdle(admission) = std::mem::replace(&mut self.feed, Feed::Switching) else {
+            return Err(TrainError::Pipeline(
+                "the rollout workers start from async mode's idle feed".into(),
+            ));
+        };
         let a = &self.recipe.asynchrony;
         let device = self.recipe.rollout.device.map(|d| d.device()).transpose()?;
         let settings = WorkerSettings {
@@ -146,7 +130,7 @@ impl Trainer {
             threads: a.rollout_threads,
             device,
         };
-        self.workers = Some(Workers::start(
+        self.feed = Feed::Async(Workers::start(
             self.side.clone(),
             admission,
             step as u64,
@@ -160,17 +144,18 @@ impl Trainer {
     /// After the update of step `step`: hands the new weights (version `step + 1`) to the
     /// rollout workers.
     pub(crate) fn publish(&self, step: usize) {
-        if let Some(w) = &self.workers {
-            w.publish(step as u64 + 1, self.policy().valid());
-        }
+        self.feed.publish(step as u64 + 1, || self.policy().valid());
     }
 
-    /// Stops the rollout workers, putting their admission state back inline (so a checkpoint
-    /// written afterwards still holds the prompts in flight).
+    /// Stops the rollout workers, putting their admission state back (so a checkpoint written
+    /// afterwards still holds the prompts in flight).
     pub(crate) fn stop_workers(&mut self) -> Result<()> {
-        if let Some(w) = self.workers.take() {
-            let (state, cursor) = w.finish();
-            self.inline = Some(self.admission(cursor, self.state.step, state)?);
+        match std::mem::replace(&mut self.feed, Feed::Switching) {
+            Feed::Async(w) => {
+                let (state, cursor) = w.finish();
+                self.feed = Feed::AsyncIdle(self.admission(cursor, self.state.step, state)?);
+            }
+            other => self.feed = other,
         }
         Ok(())
     }

@@ -9,10 +9,14 @@
 //!   weights it was given.
 //! - [`lagged`]: the lagged testbed's policy snapshots, `lag` versions old.
 //!
-//! The trainer's feed (`feed.rs`) takes each step's batch from one of these and publishes new
-//! weights back.
+//! - [`feed`]: which of these a run uses ([`feed::Feed`]: inline, lagged or async), the one
+//!   owner of its admission controller, snapshots and workers.
+//!
+//! The trainer's collect stage (`feed.rs`) takes each step's batch from the feed and publishes
+//! new weights back.
 
 pub mod admission;
 pub mod collect;
+pub mod feed;
 pub mod lagged;
 pub mod workers;

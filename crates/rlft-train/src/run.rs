@@ -93,7 +93,7 @@ impl Trainer {
                     .map_err(|e| err("the critic optimizer state", format!("{e:?}")))?,
             );
         }
-        if let Some(snapshots) = self.snapshots.as_mut() {
+        if self.feed.snapshots().is_some() {
             // Lagged mode: the policies of the kept versions, oldest first. Every version the
             // checkpoint lists must be there: without one, the run would sample with a policy
             // one version too new and say nothing.
@@ -123,19 +123,23 @@ impl Trainer {
                     .ok_or_else(|| err("the policy", "moved out".into()))?
                     .try_load_file(dir.join(checkpoint::snapshot_file(v)))
                     .map_err(|e| err("a lagged-mode snapshot", format!("{e:?}")))?;
-                snapshots.restore(v, m);
+                if let Some(snapshots) = self.feed.snapshots_mut() {
+                    snapshots.restore(v, m);
+                }
             }
         }
-        self.inline = Some(self.admission(state.cursor, state.step, state.pipeline.clone())?);
+        let admission = self.admission(state.cursor, state.step, state.pipeline.clone())?;
+        self.feed.set_admission(admission)?;
         self.state = state;
         self.resumed = true;
         Ok(())
     }
 
     fn save_checkpoint(&mut self) -> Result<PathBuf> {
-        (self.state.pipeline, self.state.cursor) = self.feed_state();
+        (self.state.pipeline, self.state.cursor) = self.feed.checkpoint_state();
         self.state.snapshots = self
-            .snapshots
+            .feed
+            .snapshots()
             .iter()
             .flat_map(|s| s.iter().map(|(v, _)| *v))
             .collect();
@@ -147,7 +151,8 @@ impl Trainer {
         let critic = self.critic.clone();
         let critic_optim = &self.critic_optim;
         let snapshots: Vec<(u64, rlft_model::Transformer)> = self
-            .snapshots
+            .feed
+            .snapshots()
             .iter()
             .flat_map(|s| s.iter().cloned())
             .collect();

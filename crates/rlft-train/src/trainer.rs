@@ -19,11 +19,10 @@ use crate::offpolicy::StepDiagnostics;
 use crate::optim::FusedAdamWConfig;
 use crate::recipe::AsyncMode;
 use crate::recipe::{KlPlacement, Recipe};
-use crate::rollout_side::admission::{Admission, PipelineState};
+use crate::rollout_side::admission::PipelineState;
 use crate::rollout_side::admission::{staleness, staleness_metrics};
 use crate::rollout_side::collect::{Collected, RolloutSide};
-use crate::rollout_side::lagged::Snapshots;
-use crate::rollout_side::workers::Workers;
+use crate::rollout_side::feed::Feed;
 use crate::sources::Sources;
 use crate::{Result, TrainError, io_err};
 use burn::optim::ModuleOptimizer;
@@ -116,10 +115,8 @@ pub struct Trainer {
     pub(crate) sft_set: Option<Dataset>,
     /// The rollout stage's settings and data (shared with rollout workers).
     pub(crate) side: RolloutSide,
-    /// Admission and the data order while batches are collected inline.
-    pub(crate) inline: Option<Admission>,
-    /// Async mode: the rollout workers, once the first RL step started them.
-    pub(crate) workers: Option<Workers>,
+    /// How batches arrive: admission, lagged snapshots, rollout workers.
+    pub(crate) feed: Feed,
     /// The run's timeline (`events.jsonl`).
     pub(crate) timeline: Arc<Timeline>,
     /// `async.learner_threads`: the learner's compute pool.
@@ -133,8 +130,6 @@ pub struct Trainer {
     pub(crate) sft_optim: Option<ModuleOptimizer>,
     /// A checkpoint was loaded (its logs are cut back to it, not started afresh).
     pub(crate) resumed: bool,
-    /// Lagged mode: the policies of the last `async.lag + 1` versions.
-    pub(crate) snapshots: Option<Snapshots>,
 }
 
 /// AdamW with the recipe's settings (gradient clipping is done by the trainer, which also
@@ -337,8 +332,7 @@ impl Trainer {
         side.correctness = correctness;
         let mut trainer = Self {
             side,
-            inline: None,
-            workers: None,
+            feed: Feed::Switching,
             timeline: Arc::new(Timeline::open(None, false)?),
             learner_pool,
             last_step_end: None,
@@ -362,18 +356,14 @@ impl Trainer {
             state: state.clone(),
             sft_optim: None,
             resumed: false,
-            snapshots: None,
         };
-        trainer.inline =
-            Some(trainer.admission(DataCursor::default(), 0, PipelineState::default())?);
-        if trainer.recipe.asynchrony.mode == AsyncMode::Lagged {
-            let lag = trainer
-                .recipe
-                .asynchrony
-                .lag()
-                .map_err(TrainError::Recipe)?;
-            trainer.snapshots = Some(Snapshots::new(lag));
-        }
+        let a = &trainer.recipe.asynchrony;
+        let lag = match a.mode {
+            AsyncMode::Lagged => a.lag().map_err(TrainError::Recipe)?,
+            _ => 0,
+        };
+        let admission = trainer.admission(DataCursor::default(), 0, PipelineState::default())?;
+        trainer.feed = Feed::new(a.mode, admission, lag);
         if let Some(checkpoint::ResumeFrom::Checkpoint(dir)) = &resume {
             state = checkpoint::read_state(dir)?;
             state.recipe = trainer.state.recipe.clone();
