@@ -72,7 +72,7 @@ fn main() -> Result<()> {
     let json = args.flag("json");
     let mut history = Vec::with_capacity(steps);
     for step in 1..=steps {
-        let m = trainer.train_step()?;
+        let m = trainer.train_step()?.to_metrics()?;
         if !json {
             println!(
                 "step {step}: generate {:.2} s, score {:.3} s, train {:.2} s, total {:.2} s \

@@ -4,7 +4,8 @@
 use crate::Result;
 use crate::metrics::StepMetrics;
 use crate::rollout_side::collect::{rollout_config, sampling};
-use crate::trainer::{Trainer, is_correct, mean_std};
+use crate::score::{is_correct, mean_std};
+use crate::trainer::Trainer;
 use burn::module::Module;
 use rlft_rollout::{SamplingConfig, rollout};
 use serde_json::json;

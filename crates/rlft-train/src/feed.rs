@@ -4,27 +4,12 @@
 use crate::events::EventKind;
 use crate::rollout_side::admission::{Admission, PipelineState};
 use crate::rollout_side::collect::Collected;
-use crate::rollout_side::feed::Feed;
+use crate::rollout_side::feed::{Feed, FeedStats};
 use crate::rollout_side::workers::{WorkerSettings, Workers};
 use crate::trainer::Trainer;
 use crate::{Result, TrainError};
 use burn::module::Module;
 use rlft_rollout::{DataCursor, DataLoader};
-
-/// What the async side reports with a batch (zeros inline).
-#[derive(Debug, Default, Clone)]
-pub(crate) struct FeedStats {
-    /// Seconds the learner waited for the batch.
-    pub waited_secs: f64,
-    /// Groups finished and waiting after it.
-    pub queue_groups: usize,
-    /// Groups of this batch requeued / dropped for staleness.
-    pub requeued: usize,
-    pub dropped: usize,
-    /// Worker seconds spent waiting, and tokens generated, since the last batch.
-    pub rollout_wait_secs: f64,
-    pub rollout_tokens: usize,
-}
 
 impl Trainer {
     /// The admission controller of a run at `consumed` steps, continuing from `state`.

@@ -8,16 +8,17 @@ use crate::correction::CorrectionMode;
 use crate::distributed::sum_gradients;
 use crate::learner::{LossOut, chunk_for_budget, chunked_backward};
 use crate::offpolicy::StepDiagnostics;
-use crate::trainer::{LOGITS_CHUNK_BYTES, Row, Trainer, adamw};
+use crate::optim::{adamw, clip_grads};
+use crate::report::UpdateStats;
+use crate::score::Row;
+use crate::trainer::{LOGITS_CHUNK_BYTES, Trainer};
 use crate::{Result, host};
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor, TensorData};
-use rayon::prelude::*;
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
 use rlft_algo::loss::{MetricValues, PolicyLossInput};
 use rlft_algo::seed::{spread, xorshift64};
-use rlft_model::hostmem::{CHUNK, HostF32, is_host_f32, read_f32};
 use rlft_model::{Transformer, ValueModel};
 use rlft_rollout::LearnerBatch;
 
@@ -30,7 +31,7 @@ impl Trainer {
         rows: &[Row],
         lr: f64,
         diag: &mut StepDiagnostics,
-    ) -> Result<(f64, f64, f64, f64, f64, Option<f64>, bool)> {
+    ) -> Result<UpdateStats> {
         let a = self.recipe.algorithm.clone();
         let n = rows.len();
         let mut sums = [0.0f64; 4];
@@ -172,16 +173,16 @@ impl Trainer {
         }
         let c = count.max(1.0);
         let gn = norms.iter().copied().fold(0.0, f64::max);
-        Ok((
-            sums[0] / c,
-            sums[1] / c,
-            sums[2] / c,
-            sums[3] / c,
-            gn,
-            (!value_losses.is_empty())
+        Ok(UpdateStats {
+            clip_low: sums[0] / c,
+            clip_high: sums[1] / c,
+            kl: sums[2] / c,
+            entropy: sums[3] / c,
+            grad_norm: gn,
+            value_loss: (!value_losses.is_empty())
                 .then(|| value_losses.iter().sum::<f64>() / value_losses.len() as f64),
-            bad,
-        ))
+            skipped: bad,
+        })
     }
 
     /// One learner rank's share of a mini-batch: the gradients of `shard`'s rows (micro-batch
@@ -384,151 +385,4 @@ pub(crate) fn aligned(rows: &[&Row], width: usize, field: impl Fn(&Row) -> &[f32
 
 pub(crate) fn t2(device: &Device, v: Vec<f32>, b: usize, t: usize) -> Tensor<2> {
     Tensor::from_data(TensorData::new(v, [b, t]), device)
-}
-
-/// Global L2 norm of `grads` over `module`'s parameters; scales them to `max_norm` if larger
-/// (`max_norm = 0`: no clipping). Returns the gradients and the norm before clipping — NaN or ∞
-/// when any gradient is, the signal to skip the step (the trainer's NaN/Inf guard). Gradients in
-/// host memory are summed and scaled by parallel passes over their elements where they lie
-/// ([`rlft_model::hostmem`]), in a fixed order, so the norm is the same run to run; others by
-/// tensor operations on their device.
-pub fn clip_grads<M: Module>(
-    mut grads: GradientsParams,
-    module: &M,
-    max_norm: f64,
-) -> (GradientsParams, f64) {
-    struct Norm<'a> {
-        grads: &'a GradientsParams,
-        host: f64,
-        device: Vec<Tensor<1>>,
-    }
-    impl ModuleVisitor for Norm<'_> {
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            let Some(g) = self.grads.get::<D>(p.id) else {
-                return;
-            };
-            match is_host_f32(&g).then(|| read_f32(&g, sum_of_squares)) {
-                Some(Ok(s)) => self.host += s,
-                _ => self.device.push(g.square().sum()),
-            }
-        }
-    }
-    struct Scale<'a> {
-        grads: &'a mut GradientsParams,
-        s: f64,
-    }
-    impl ModuleVisitor for Scale<'_> {
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            let Some(g) = self.grads.remove::<D>(p.id) else {
-                return;
-            };
-            let g = if is_host_f32(&g) {
-                // An f32 tensor's host elements: this cannot fail.
-                let mut h = HostF32::new(g).expect("an f32 tensor's host elements");
-                let s = self.s as f32;
-                h.as_mut_slice()
-                    .par_chunks_mut(CHUNK)
-                    .for_each(|c| c.iter_mut().for_each(|v| *v *= s));
-                h.into_tensor()
-            } else {
-                g * self.s
-            };
-            self.grads.register::<D>(p.id, g);
-        }
-    }
-    let mut v = Norm {
-        grads: &grads,
-        host: 0.0,
-        device: Vec::new(),
-    };
-    module.visit(&mut v);
-    let mut total = v.host;
-    if !v.device.is_empty() {
-        total += host(Tensor::cat(v.device, 0).sum())[0] as f64;
-    }
-    let norm = total.sqrt();
-    if norm.is_finite() && max_norm > 0.0 && norm > max_norm {
-        let mut s = Scale {
-            grads: &mut grads,
-            s: max_norm / (norm + 1e-6),
-        };
-        module.visit(&mut s);
-    }
-    (grads, norm)
-}
-
-/// Σ x² of `x`, in parallel, 16 lanes per task; NaN or ∞ if any element is. The tasks' sums
-/// are added in order, so the result does not depend on the number of threads.
-fn sum_of_squares(x: &[f32]) -> f64 {
-    let parts: Vec<f64> = x
-        .par_chunks(CHUNK)
-        .map(|c| {
-            let mut lanes = [0f32; 16];
-            let mut it = c.chunks_exact(16);
-            for block in &mut it {
-                for (l, v) in lanes.iter_mut().zip(block) {
-                    *l += v * v;
-                }
-            }
-            let tail: f32 = it.remainder().iter().map(|v| v * v).sum();
-            lanes.iter().map(|&l| l as f64).sum::<f64>() + tail as f64
-        })
-        .collect();
-    parts.iter().sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Module, Debug)]
-    struct Two {
-        a: Param<Tensor<2>>,
-        b: Param<Tensor<1>>,
-    }
-
-    /// The norm is the global L2 norm over every parameter's gradient (odd lengths included);
-    /// above `max_norm` all gradients are scaled by the same factor, below it none is.
-    #[test]
-    fn gradients_are_clipped_by_their_global_norm() {
-        let device = Device::flex().autodiff();
-        let model = Two {
-            a: Param::from_tensor(
-                Tensor::<1, burn::tensor::Int>::arange(0..(3 * 37) as i64, &device)
-                    .float()
-                    .reshape([3, 37])
-                    .mul_scalar(0.01),
-            ),
-            b: Param::from_tensor(Tensor::from_floats([0.5, -1.0, 2.0], &device)),
-        };
-        // d/da Σ a² = 2a, d/db Σ b³ = 3b².
-        let grads = || {
-            let loss = model.a.val().powf_scalar(2.0).sum() + model.b.val().powf_scalar(3.0).sum();
-            GradientsParams::from_grads(loss.backward(), &model)
-        };
-        let mut want: Vec<f32> = (0..111).map(|i| 2.0 * 0.01 * i as f32).collect();
-        want.extend([0.75, 3.0, 12.0]);
-        let norm = want.iter().map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt();
-        let (g, got) = clip_grads(grads(), &model, 1e3);
-        assert!((got - norm).abs() < 1e-4 * norm, "{got} vs {norm}");
-        assert_eq!(
-            host(g.get::<1>(model.b.id).expect("b")),
-            vec![0.75, 3.0, 12.0]
-        );
-        let (g, _) = clip_grads(grads(), &model, 2.0);
-        let s = 2.0 / norm;
-        let mut clipped = host(g.get::<2>(model.a.id).expect("a"));
-        clipped.extend(host(g.get::<1>(model.b.id).expect("b")));
-        for (c, w) in clipped.iter().zip(&want) {
-            assert!(
-                (*c as f64 - *w as f64 * s).abs() < 1e-5,
-                "{c} vs {}",
-                w * s as f32
-            );
-        }
-        let x: Vec<f32> = (0..100_003).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect();
-        let naive: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum();
-        assert!((sum_of_squares(&x) - naive).abs() < 1e-6 * naive);
-        assert!(sum_of_squares(&[1.0, f32::NAN]).is_nan());
-    }
 }

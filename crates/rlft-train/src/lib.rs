@@ -28,15 +28,17 @@ mod prepare;
 pub mod recipe;
 #[cfg(test)]
 mod recipe_fuzz;
+pub mod report;
 pub mod rollout_side;
 pub mod run;
+mod score;
 pub mod sim;
 mod sources;
 pub mod tensorboard;
 pub mod trainer;
 
 pub use algorithm::Extensions;
-pub use learn::clip_grads;
+pub use optim::clip_grads;
 pub use recipe::Recipe;
 pub use run::RunSummary;
 pub use trainer::Trainer;

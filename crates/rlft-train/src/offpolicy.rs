@@ -5,9 +5,7 @@
 
 use crate::Result;
 use crate::correction::{CorrectionMode, RatioReference};
-use crate::metrics::StepMetrics;
 use rlft_algo::correction::{CorrectionConfig, HostCorrection, PositionQuantiles, correct_host};
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -84,23 +82,25 @@ impl StepDiagnostics {
         Ok(out)
     }
 
-    /// Writes `offpolicy/<key>` (token-weighted means over the step), the position quantiles
+    /// `offpolicy/<key>` (token-weighted means over the step), the position quantiles
     /// `offpolicy/pos/...`, `time/correction_s` and `time/prox_s`.
-    pub fn write(&self, m: &mut StepMetrics) {
+    pub fn metrics(&self) -> BTreeMap<String, f64> {
         let t0 = Instant::now();
+        let mut m = BTreeMap::new();
         if self.tokens > 0.0 {
             for (k, v) in &self.sums {
-                m.insert(format!("offpolicy/{k}"), json!(v / self.tokens));
+                m.insert(format!("offpolicy/{k}"), v / self.tokens);
             }
         }
         for (k, v) in self.positions.metrics() {
-            m.insert(format!("offpolicy/{k}"), json!(v));
+            m.insert(format!("offpolicy/{k}"), v);
         }
         let secs = self.correction_secs + t0.elapsed().as_secs_f64();
-        m.insert("time/correction_s".into(), json!(secs));
+        m.insert("time/correction_s".into(), secs);
         if let Some(p) = self.prox_secs {
-            m.insert("time/prox_s".into(), json!(p));
+            m.insert("time/prox_s".into(), p);
         }
+        m
     }
 }
 
@@ -149,9 +149,8 @@ mod tests {
         d.correct(&[0.2], &[0.0], &[1.0], [1, 1], &config).unwrap();
         d.correct(&[0.0; 3], &[0.0; 3], &[1.0; 3], [1, 3], &config)
             .unwrap();
-        let mut m = StepMetrics::new();
-        d.write(&mut m);
-        let kl = m["offpolicy/kl"].as_f64().unwrap();
+        let m = d.metrics();
+        let kl = m["offpolicy/kl"];
         assert!((kl - (-0.2f32 as f64) / 4.0).abs() < 1e-7, "{kl}");
         assert!(m.contains_key("offpolicy/rollout_is_mean"));
         assert!(m.contains_key("offpolicy/pos/cum/1-8/p50"));

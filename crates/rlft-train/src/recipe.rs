@@ -527,27 +527,6 @@ pub enum KlPlacement {
     Reward,
 }
 
-impl ScheduleSection {
-    /// The learning rate at `step` (0-based) for a peak of `peak`: linear warm-up over
-    /// `warmup_steps`, then constant, or a linear or cosine decay from the peak down to
-    /// `peak * min_lr_ratio` at `steps`.
-    pub fn lr(&self, peak: f64, step: usize) -> f64 {
-        if step < self.warmup_steps {
-            return peak * (step + 1) as f64 / self.warmup_steps as f64;
-        }
-        let span = self.steps.saturating_sub(self.warmup_steps).max(1) as f64;
-        let t = ((step - self.warmup_steps) as f64 / span).min(1.0);
-        let floor = peak * self.min_lr_ratio;
-        match self.kind {
-            ScheduleKind::Cosine => {
-                floor + (peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
-            }
-            ScheduleKind::Linear => floor + (peak - floor) * (1.0 - t),
-            ScheduleKind::Constant | ScheduleKind::LinearWarmup => peak,
-        }
-    }
-}
-
 impl Default for ScheduleSection {
     fn default() -> Self {
         Self {
@@ -677,48 +656,5 @@ impl Default for LoggingSection {
             progress: true,
             tensorboard: false,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn schedules_ramp_up_then_hold_or_decay_to_their_floor() {
-        let s = ScheduleSection {
-            steps: 10,
-            kind: ScheduleKind::Cosine,
-            warmup_steps: 2,
-            min_lr_ratio: 0.1,
-        };
-        let lr: Vec<f64> = (0..12).map(|t| s.lr(1.0, t)).collect();
-        assert_eq!(&lr[..3], &[0.5, 1.0, 1.0]);
-        assert!((lr[6] - 0.55).abs() < 1e-12, "half way: {}", lr[6]);
-        assert!(lr[2..].windows(2).all(|w| w[1] <= w[0]));
-        assert!(lr[10..].iter().all(|&v| (v - 0.1).abs() < 1e-12));
-        let linear = ScheduleSection {
-            kind: ScheduleKind::Linear,
-            ..s.clone()
-        };
-        assert!((linear.lr(1.0, 6) - 0.55).abs() < 1e-12);
-        assert!((linear.lr(1.0, 4) - 0.775).abs() < 1e-12);
-        assert!((linear.lr(1.0, 11) - 0.1).abs() < 1e-12);
-        let constant = ScheduleSection {
-            kind: ScheduleKind::Constant,
-            ..s
-        };
-        assert_eq!(constant.lr(2.0, 0), 1.0);
-        assert!((1..12).all(|t| constant.lr(2.0, t) == 2.0));
-        // The warm-up ramps over its first tenth (at least one step), then follows `schedule`.
-        let sft = SftSection {
-            steps: 20,
-            schedule: ScheduleKind::Cosine,
-            ..SftSection::default()
-        };
-        let s = sft.lr_schedule();
-        assert_eq!((s.warmup_steps, s.steps, s.min_lr_ratio), (2, 20, 0.0));
-        let last = s.lr(1.0, 19);
-        assert!(last > 0.0 && last < 0.01, "last warm-up step: {last}");
     }
 }

@@ -6,9 +6,10 @@
 
 use crate::checkpoint::{self, TrainerState};
 use crate::events::{EVENTS_FILE, Timeline};
-use crate::learn::clip_grads;
 use crate::metrics::{MetricsLog, StepMetrics};
-use crate::trainer::{MAX_BAD_STEPS_IN_ROW, Row, Trainer, adamw};
+use crate::optim::{adamw, clip_grads};
+use crate::score::Row;
+use crate::trainer::{MAX_BAD_STEPS_IN_ROW, Trainer};
 use crate::{Result, TrainError};
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
@@ -360,8 +361,9 @@ impl Trainer {
         }
         while self.state.step < steps && !interrupted {
             let step = self.state.step + 1;
-            let mut m = self.step(step)?;
+            let report = self.step(step)?;
             self.state.step = step;
+            let mut m = report.to_metrics()?;
             crate::fault::point(|| format!("update:{step}"));
             let eval_every = self.recipe.eval.every;
             if step == steps || (eval_every > 0 && step.is_multiple_of(eval_every)) {
@@ -369,9 +371,7 @@ impl Trainer {
             }
             bar.set_message(format!(
                 "reward {:.3} kl {:.4} {:.0} tok/s",
-                m["reward/mean"].as_f64().unwrap_or(f64::NAN),
-                m["kl"].as_f64().unwrap_or(0.0),
-                m["tokens_per_s"].as_f64().unwrap_or(0.0)
+                report.rollout.reward_mean, report.update.kl, report.rollout.tokens_per_s
             ));
             bar.set_position(step as u64);
             log.write(m)?;

@@ -14,25 +14,22 @@
 use crate::algorithm::{Extensions, ResolvedAlgorithm, resolve_algorithm};
 use crate::checkpoint::{self, TrainerState};
 use crate::events::{EventKind, Timeline};
-use crate::metrics::StepMetrics;
 use crate::offpolicy::StepDiagnostics;
-use crate::optim::FusedAdamWConfig;
+use crate::optim::adamw;
 use crate::recipe::AsyncMode;
 use crate::recipe::{KlPlacement, Recipe};
+use crate::report::{AsyncReport, StageTimes, StepReport, UpdateStats};
 use crate::rollout_side::admission::PipelineState;
-use crate::rollout_side::admission::{staleness, staleness_metrics};
 use crate::rollout_side::collect::{Collected, RolloutSide};
-use crate::rollout_side::feed::Feed;
+use crate::rollout_side::feed::{Feed, FeedStats};
 use crate::sources::Sources;
 use crate::{Result, TrainError, io_err};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device};
 use rlft_algo::loss::LossRegistry;
 use rlft_algo::seed::spread;
-use rlft_algo::shaping::OverlongPenalty;
 use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
-use rlft_rollout::{DataCursor, Dataset, Example, Task, Trajectory};
-use serde_json::json;
+use rlft_rollout::{DataCursor, Dataset, Example, Task};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,46 +40,6 @@ pub const LOGITS_CHUNK_BYTES: usize = 1 << 30;
 
 /// Skipped (NaN/Inf) steps in a row that stop the run.
 pub const MAX_BAD_STEPS_IN_ROW: usize = 3;
-
-/// One trajectory prepared for the learner (host vectors over its response tokens).
-pub(crate) struct Row {
-    pub(crate) ids: Vec<i64>,
-    pub(crate) prompt_len: usize,
-    pub(crate) mask: Vec<f32>,
-    /// The ratio's anchor: μ, π_old or π_prox (see [`OffPolicy`]).
-    pub(crate) old_lp: Vec<f32>,
-    /// μ: the behaviour log-probs the sampler recorded.
-    pub(crate) behaviour_lp: Vec<f32>,
-    /// Decoupled mode: IS weights of π_prox against μ.
-    pub(crate) is_w: Option<Vec<f32>>,
-    pub(crate) ref_lp: Option<Vec<f32>>,
-    pub(crate) adv: Vec<f32>,
-    pub(crate) old_values: Option<Vec<f32>>,
-    pub(crate) returns: Option<Vec<f32>>,
-}
-
-impl Row {
-    pub(crate) fn resp_len(&self) -> usize {
-        self.mask.len()
-    }
-
-    /// A supervised row: `prompt` then the demonstrated `response`, trained where `mask` is 1.
-    pub(crate) fn demonstration(prompt: &[u32], response: &[u32], mask: Vec<f32>) -> Self {
-        let n = response.len();
-        Self {
-            ids: prompt.iter().chain(response).map(|&t| t as i64).collect(),
-            prompt_len: prompt.len(),
-            mask,
-            old_lp: vec![0.0; n],
-            behaviour_lp: vec![0.0; n],
-            is_w: None,
-            ref_lp: None,
-            adv: vec![0.0; n],
-            old_values: None,
-            returns: None,
-        }
-    }
-}
 
 /// The frozen reference policy and the device it lives on (`model.reference_device`, default
 /// the learner's plain device).
@@ -130,17 +87,6 @@ pub struct Trainer {
     pub(crate) sft_optim: Option<ModuleOptimizer>,
     /// A checkpoint was loaded (its logs are cut back to it, not started afresh).
     pub(crate) resumed: bool,
-}
-
-/// AdamW with the recipe's settings (gradient clipping is done by the trainer, which also
-/// needs the norm for metrics and NaN checks).
-pub(crate) fn adamw(o: &crate::recipe::OptimizerSection) -> ModuleOptimizer {
-    FusedAdamWConfig::new()
-        .with_beta_1(o.beta1 as f32)
-        .with_beta_2(o.beta2 as f32)
-        .with_epsilon(o.eps as f32)
-        .with_weight_decay(o.weight_decay as f32)
-        .init()
 }
 
 impl Trainer {
@@ -393,246 +339,124 @@ impl Trainer {
     }
 
     /// Runs one RL step — rollouts, rewards, advantages, the update — without evaluation,
-    /// checkpointing or the SFT warm-up, and returns its metrics (the `metrics.jsonl` keys but
-    /// `eval/*`). For trainers that drive the loop themselves; [`Trainer::run`] is the whole run.
-    pub fn train_step(&mut self) -> Result<StepMetrics> {
+    /// checkpointing or the SFT warm-up, and returns its report ([`StepReport::to_metrics`]
+    /// gives the `metrics.jsonl` keys but `eval/*`). For trainers that drive the loop
+    /// themselves; [`Trainer::run`] is the whole run.
+    pub fn train_step(&mut self) -> Result<StepReport> {
         let step = self.state.step + 1;
-        let m = self.step(step)?;
+        let report = self.step(step)?;
         self.state.step = step;
-        Ok(m)
+        Ok(report)
     }
 
     /// Step `step` on the learner's compute pool (`async.learner_threads`), else the shared one.
-    pub(crate) fn step(&mut self, step: usize) -> Result<StepMetrics> {
+    pub(crate) fn step(&mut self, step: usize) -> Result<StepReport> {
         match self.learner_pool.clone() {
             Some(pool) => pool.install(|| self.step_here(step)),
             None => self.step_here(step),
         }
     }
 
-    fn step_here(&mut self, step: usize) -> Result<StepMetrics> {
+    /// The lecture's pipeline: collect → score → learn → publish.
+    fn step_here(&mut self, step: usize) -> Result<StepReport> {
         let t0 = Instant::now();
         let interval_start = self.last_step_end.unwrap_or(0.0);
-        let (
-            Collected {
-                groups,
-                filtered,
-                failed,
-                timeouts,
-                skipped_prompts,
-                tokens: gen_tokens,
-                generate_secs: gen_secs,
-                score_secs,
-                ..
-            },
-            feed,
-        ) = self.next_batch(step)?;
+        let (batch, feed) = self.next_batch(step)?;
         crate::fault::point(|| format!("rollout:{step}"));
-        let a = self.recipe.algorithm.clone();
-        let r = self.recipe.rollout.clone();
-        // Reward statistics over every scored trajectory (before shaping).
-        let trajs: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
-        // Off-policy: some token came from an older policy than the learner's (staleness > 0).
-        let off_policy = trajs.iter().any(|t| staleness(step as u64, t.version) > 0);
-        // Each group's oldest policy version, for the staleness metrics.
-        let oldest: Vec<u64> = groups
-            .iter()
-            .map(|g| g.oldest_version().unwrap_or(step as u64))
-            .collect();
-        // Max − min policy version within each group, mean over groups.
-        let version_spread = groups
-            .iter()
-            .map(|g| {
-                let v = g.trajectories.iter().flat_map(|t| {
-                    t.token_versions
-                        .iter()
-                        .copied()
-                        .chain(std::iter::once(t.version))
-                });
-                (v.clone().max().unwrap_or(0) - v.min().unwrap_or(0)) as f64
-            })
-            .sum::<f64>()
-            / groups.len().max(1) as f64;
-        let beta = self.beta();
-        if a.kl_placement == KlPlacement::Loss {
-            self.algo.config.kl_coef = beta;
-        }
-        // Clip-Cov's draws: fresh each step, a function of (seed, step) like every random choice.
-        self.algo.config.clip_cov_seed = self.recipe.seed ^ spread(step as u64);
+        let beta = self.set_step_coefficients(step);
         let mut diag = StepDiagnostics::default();
-        let scored: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
-        let (mean, std) = mean_std(&scored);
-        let acc = if trajs.is_empty() {
-            0.0
-        } else {
-            trajs
-                .iter()
-                .map(|t| is_correct(t, &self.side.correctness))
-                .sum::<f64>()
-                / trajs.len() as f64
-        };
-        let lens: Vec<f64> = trajs.iter().map(|t| t.generated_len() as f64).collect();
-        let overlong = (a.overlong_cache_len > 0)
-            .then(|| {
-                OverlongPenalty::new(r.max_new_tokens, a.overlong_cache_len, a.overlong_factor)
-            })
-            .transpose()?;
-        // Learner rows: scored trajectories only.
-        let mut rows = Vec::new();
-        let mut group_ids = Vec::new();
-        let mut rewards = Vec::new();
-        for (gi, g) in groups.iter().enumerate() {
-            for t in g.trajectories.iter().filter(|t| t.reward.is_some()) {
-                let mut reward = t.reward.unwrap_or(0.0);
-                if let Some(p) = &overlong {
-                    reward += p.penalty(t.generated_len());
-                }
-                let filter = a.overlong_filter && t.truncated;
-                rows.push(Row {
-                    ids: t
-                        .prompt_ids
-                        .iter()
-                        .chain(&t.response_ids)
-                        .map(|&x| x as i64)
-                        .collect(),
-                    prompt_len: t.prompt_ids.len(),
-                    mask: t
-                        .loss_mask
-                        .iter()
-                        .map(|&m| if filter { 0.0 } else { f32::from(m) })
-                        .collect(),
-                    old_lp: t.behaviour_logprobs.clone(),
-                    behaviour_lp: t.behaviour_logprobs.clone(),
-                    is_w: None,
-                    ref_lp: None,
-                    adv: Vec::new(),
-                    old_values: None,
-                    returns: None,
-                });
-                group_ids.push(gi as u64);
-                rewards.push(reward);
-            }
-        }
-        let mut m = StepMetrics::new();
-        m.insert("step".into(), json!(step));
-        m.insert("reward/mean".into(), json!(mean));
-        m.insert("reward/total".into(), json!(mean));
-        for (k, v) in self.side.env.take_metrics() {
-            m.insert(k, json!(v));
-        }
-        // Each term's raw (unweighted) mean over the scored samples.
-        for name in self.side.rewards.names() {
-            let v: Vec<f64> = trajs
-                .iter()
-                .filter_map(|t| t.reward_terms.iter().find(|(n, _)| *n == name))
-                .map(|(_, v)| *v)
-                .collect();
-            m.insert(format!("reward/{name}"), json!(mean_std(&v).0));
-        }
-        m.insert("reward/std".into(), json!(std));
-        m.insert("accuracy".into(), json!(acc));
-        m.insert("response_len/mean".into(), json!(mean_std(&lens).0));
-        m.insert(
-            "response_len/max".into(),
-            json!(lens.iter().copied().fold(0.0, f64::max)),
-        );
-        m.insert("groups/filtered".into(), json!(filtered));
-        m.insert("reward/failed".into(), json!(failed));
-        m.insert("reward/timeouts".into(), json!(timeouts));
-        m.insert("prompts/skipped".into(), json!(skipped_prompts));
-        let eta = self.recipe.asynchrony.eta();
-        for (k, v) in staleness_metrics(step as u64, &oldest, eta) {
-            m.insert(k, json!(v));
-        }
-        let lr = self.lr(step - 1);
-        m.insert("lr".into(), json!(lr));
-        m.insert(
-            "tokens_per_s".into(),
-            json!(gen_tokens as f64 / gen_secs.max(1e-9)),
-        );
-        m.insert("time/generate_s".into(), json!(gen_secs));
         let t_score = Instant::now();
         let learn_start = self.timeline.now();
-        if !rows.is_empty() {
-            self.prepare(&mut rows, &group_ids, &rewards, off_policy, &mut diag)?;
-        }
-        m.insert(
-            "time/score_s".into(),
-            json!(score_secs + t_score.elapsed().as_secs_f64()),
-        );
+        let scored = self.score(step, &batch, &mut diag)?;
+        let score_secs = batch.score_secs + t_score.elapsed().as_secs_f64();
+        let lr = self.lr(step - 1);
         let t_train = Instant::now();
-        let stats = if rows.is_empty() {
-            None
-        } else {
-            Some(self.update(&rows, lr, &mut diag)?)
+        let update = match scored.rows.is_empty() {
+            true => UpdateStats::default(),
+            false => self.update(&scored.rows, lr, &mut diag)?,
         };
-        let trained: usize = rows
-            .iter()
-            .map(|r| r.mask.iter().filter(|&&x| x > 0.0).count())
-            .sum();
+        let (tokens, now) = (scored.trained_tokens(), self.timeline.now());
+        let version = step as u64;
         self.timeline.record(
             "learner",
             EventKind::Learn,
             learn_start,
-            self.timeline.now(),
-            step as u64,
-            trained,
+            now,
+            version,
+            tokens,
         );
         self.publish(step);
         let now = self.timeline.now();
-        if self.recipe.asynchrony.mode == AsyncMode::Async {
-            let wall = (now - interval_start).max(1e-9);
-            let workers = self.recipe.asynchrony.rollout_workers.unwrap_or(1) as f64;
-            for (k, v) in [
-                ("async/queue_len", feed.queue_groups as f64),
-                ("async/requeued", feed.requeued as f64),
-                ("async/dropped", feed.dropped as f64),
-                ("async/learner_idle", (feed.waited_secs / wall).min(1.0)),
-                (
-                    "async/rollout_idle",
-                    (feed.rollout_wait_secs / (wall * workers)).min(1.0),
-                ),
-                (
-                    "async/rollout_tokens_per_s",
-                    feed.rollout_tokens as f64 / wall,
-                ),
-                ("async/learner_tokens_per_s", gen_tokens as f64 / wall),
-                ("async/version_spread", version_spread),
-            ] {
-                m.insert(k.into(), json!(v));
-            }
-        }
+        let asynchrony = (self.recipe.asynchrony.mode == AsyncMode::Async)
+            .then(|| self.async_report(&feed, &batch, scored.version_spread, now - interval_start));
         self.last_step_end = Some(now);
-        let (clip_low, clip_high, kl, entropy, grad_norm, value_loss, bad) =
-            stats.unwrap_or((0.0, 0.0, 0.0, 0.0, 0.0, None, false));
-        if bad {
+        let kl_coef = self.after_update(&update, beta, scored.rows.len());
+        Ok(StepReport {
+            step,
+            rollout: scored.rollout,
+            staleness: scored.staleness,
+            lr,
+            times: StageTimes {
+                generate: batch.generate_secs,
+                score: score_secs,
+                train: t_train.elapsed().as_secs_f64(),
+                step: t0.elapsed().as_secs_f64(),
+            },
+            asynchrony,
+            offpolicy: diag.metrics(),
+            update,
+            kl_coef,
+            skipped_steps: self.state.skipped_steps,
+        })
+    }
+
+    /// β of step `step` into the loss (where the recipe places KL there) and Clip-Cov's draws
+    /// (fresh each step, a function of (seed, step) like every random choice); returns β.
+    fn set_step_coefficients(&mut self, step: usize) -> f64 {
+        let beta = self.beta();
+        if self.recipe.algorithm.kl_placement == KlPlacement::Loss {
+            self.algo.config.kl_coef = beta;
+        }
+        self.algo.config.clip_cov_seed = self.recipe.seed ^ spread(step as u64);
+        beta
+    }
+
+    /// Counts a skipped update and moves the adaptive KL controller (β for the next step from
+    /// this step's KL over its `sequences`, verl's rule); returns this step's β when the
+    /// controller runs.
+    fn after_update(&mut self, update: &UpdateStats, beta: f64, sequences: usize) -> Option<f64> {
+        if update.skipped {
             self.state.skipped_steps += 1;
             self.state.bad_in_row += 1;
         } else {
             self.state.bad_in_row = 0;
         }
-        diag.write(&mut m);
-        if let Some(ctrl) = &mut self.algo.kl_control {
-            // β for the next step from this step's KL, over this step's sequences (verl's rule).
-            ctrl.value = beta;
-            self.state.kl_coef = Some(ctrl.update(kl, rows.len()));
-            m.insert("kl_coef".into(), json!(beta));
+        let ctrl = self.algo.kl_control.as_mut()?;
+        ctrl.value = beta;
+        self.state.kl_coef = Some(ctrl.update(update.kl, sequences));
+        Some(beta)
+    }
+
+    /// The async pipeline over the `wall` seconds since the last step ended.
+    fn async_report(
+        &self,
+        feed: &FeedStats,
+        batch: &Collected,
+        version_spread: f64,
+        wall: f64,
+    ) -> AsyncReport {
+        let wall = wall.max(1e-9);
+        let workers = self.recipe.asynchrony.rollout_workers.unwrap_or(1) as f64;
+        AsyncReport {
+            queue_len: feed.queue_groups as f64,
+            requeued: feed.requeued as f64,
+            dropped: feed.dropped as f64,
+            learner_idle: (feed.waited_secs / wall).min(1.0),
+            rollout_idle: (feed.rollout_wait_secs / (wall * workers)).min(1.0),
+            rollout_tokens_per_s: feed.rollout_tokens as f64 / wall,
+            learner_tokens_per_s: batch.tokens as f64 / wall,
+            version_spread,
         }
-        m.insert("clip_frac/low".into(), json!(clip_low));
-        m.insert("clip_frac/high".into(), json!(clip_high));
-        m.insert("kl".into(), json!(kl));
-        m.insert("entropy".into(), json!(entropy));
-        m.insert("grad_norm".into(), json!(grad_norm));
-        if let Some(v) = value_loss {
-            m.insert("value_loss".into(), json!(v));
-        }
-        m.insert("skipped_steps".into(), json!(self.state.skipped_steps));
-        m.insert(
-            "time/train_s".into(),
-            json!(t_train.elapsed().as_secs_f64()),
-        );
-        m.insert("time/step_s".into(), json!(t0.elapsed().as_secs_f64()));
-        Ok(m)
     }
 
     /// β of the KL term: the adaptive controller's current value, else `algorithm.kl_coef`.
@@ -642,23 +466,4 @@ impl Trainer {
             None => self.recipe.algorithm.kl_coef,
         }
     }
-}
-
-pub(crate) fn mean_std(v: &[f64]) -> (f64, f64) {
-    if v.is_empty() {
-        return (0.0, 0.0);
-    }
-    let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
-    (mean, var.sqrt())
-}
-
-/// 1 when the trajectory's correctness term (`term`: the task's `correct`, or the recipe's
-/// `correctness` term) scored above 0.
-pub(crate) fn is_correct(t: &Trajectory, term: &str) -> f64 {
-    t.reward_terms
-        .iter()
-        .find(|(n, _)| n == term)
-        .map_or(0.0, |(_, v)| if *v > 0.0 { 1.0 } else { 0.0 })
 }

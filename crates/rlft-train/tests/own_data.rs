@@ -191,7 +191,7 @@ fn run(recipe: Recipe) -> Vec<StepMetrics> {
 
 fn check_terms(metrics: &[StepMetrics]) {
     for m in &metrics[1..] {
-        for key in ["reward/math_dapo", "reward/gt7", "reward/total", "accuracy"] {
+        for key in ["reward/math_dapo", "reward/gt7", "reward/mean", "accuracy"] {
             assert!(m.contains_key(key), "{key} missing from {m:?}");
         }
         // A tiny random model never writes "Answer: 7": math_dapo scores every sample -1.
@@ -337,7 +337,7 @@ fn verl_data_sources_and_target_lists() {
     r.reward.clear();
     let m = run(r);
     for step in &m[1..] {
-        for key in ["reward/by_source", "reward/total", "accuracy"] {
+        for key in ["reward/by_source", "reward/mean", "accuracy"] {
             assert!(step.contains_key(key), "{key} missing from {step:?}");
         }
     }

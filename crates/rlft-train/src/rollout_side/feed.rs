@@ -119,3 +119,18 @@ impl Feed {
         }
     }
 }
+
+/// What the async side reports with a batch (zeros inline).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FeedStats {
+    /// Seconds the learner waited for the batch.
+    pub waited_secs: f64,
+    /// Groups finished and waiting after it.
+    pub queue_groups: usize,
+    /// Groups of this batch requeued / dropped for staleness.
+    pub requeued: usize,
+    pub dropped: usize,
+    /// Worker seconds spent waiting, and tokens generated, since the last batch.
+    pub rollout_wait_secs: f64,
+    pub rollout_tokens: usize,
+}

@@ -1,0 +1,234 @@
+//! The score stage: a collected batch becomes the learner's rows — overlong shaping and
+//! filtering on the rewards, then π_old (π_prox), π_ref, critic values and advantages
+//! ([`Trainer::prepare`]) — with what the step reports about its rewards and staleness.
+
+use crate::Result;
+use crate::offpolicy::StepDiagnostics;
+use crate::report::RolloutReport;
+use crate::rollout_side::admission::{staleness, staleness_metrics};
+use crate::rollout_side::collect::Collected;
+use crate::trainer::Trainer;
+use rlft_algo::shaping::OverlongPenalty;
+use rlft_rollout::Trajectory;
+use std::collections::BTreeMap;
+
+/// One trajectory prepared for the learner (host vectors over its response tokens).
+pub(crate) struct Row {
+    pub(crate) ids: Vec<i64>,
+    pub(crate) prompt_len: usize,
+    pub(crate) mask: Vec<f32>,
+    /// The ratio's anchor: μ, π_old or π_prox (see [`OffPolicy`]).
+    pub(crate) old_lp: Vec<f32>,
+    /// μ: the behaviour log-probs the sampler recorded.
+    pub(crate) behaviour_lp: Vec<f32>,
+    /// Decoupled mode: IS weights of π_prox against μ.
+    pub(crate) is_w: Option<Vec<f32>>,
+    pub(crate) ref_lp: Option<Vec<f32>>,
+    pub(crate) adv: Vec<f32>,
+    pub(crate) old_values: Option<Vec<f32>>,
+    pub(crate) returns: Option<Vec<f32>>,
+}
+
+impl Row {
+    pub(crate) fn resp_len(&self) -> usize {
+        self.mask.len()
+    }
+
+    /// A sampled trajectory's row, with μ as its ratio's anchor until π_old is computed;
+    /// `filtered` (overlong filtering) trains none of its tokens.
+    pub(crate) fn sampled(t: &Trajectory, filtered: bool) -> Self {
+        Self {
+            ids: t
+                .prompt_ids
+                .iter()
+                .chain(&t.response_ids)
+                .map(|&x| x as i64)
+                .collect(),
+            prompt_len: t.prompt_ids.len(),
+            mask: t
+                .loss_mask
+                .iter()
+                .map(|&m| if filtered { 0.0 } else { f32::from(m) })
+                .collect(),
+            old_lp: t.behaviour_logprobs.clone(),
+            behaviour_lp: t.behaviour_logprobs.clone(),
+            is_w: None,
+            ref_lp: None,
+            adv: Vec::new(),
+            old_values: None,
+            returns: None,
+        }
+    }
+
+    /// A supervised row: `prompt` then the demonstrated `response`, trained where `mask` is 1.
+    pub(crate) fn demonstration(prompt: &[u32], response: &[u32], mask: Vec<f32>) -> Self {
+        let n = response.len();
+        Self {
+            ids: prompt.iter().chain(response).map(|&t| t as i64).collect(),
+            prompt_len: prompt.len(),
+            mask,
+            old_lp: vec![0.0; n],
+            behaviour_lp: vec![0.0; n],
+            is_w: None,
+            ref_lp: None,
+            adv: vec![0.0; n],
+            old_values: None,
+            returns: None,
+        }
+    }
+}
+
+/// A step's batch, scored: the learner's rows with everything the loss needs, and what the
+/// step reports about the rollouts.
+pub(crate) struct ScoredBatch {
+    /// One row per scored trajectory.
+    pub(crate) rows: Vec<Row>,
+    /// Rewards, lengths, filtered and skipped counts.
+    pub(crate) rollout: RolloutReport,
+    /// `staleness/*`.
+    pub(crate) staleness: BTreeMap<String, f64>,
+    /// Max − min policy version within each group, mean over groups.
+    pub(crate) version_spread: f64,
+}
+
+impl ScoredBatch {
+    /// Response tokens that carry a gradient.
+    pub(crate) fn trained_tokens(&self) -> usize {
+        self.rows
+            .iter()
+            .map(|r| r.mask.iter().filter(|&&x| x > 0.0).count())
+            .sum()
+    }
+}
+
+impl Trainer {
+    /// Scores the batch of step `step`: rows from the scored trajectories, then π_old, π_ref,
+    /// values and advantages (the off-policy measurements go to `diag`).
+    pub(crate) fn score(
+        &mut self,
+        step: usize,
+        batch: &Collected,
+        diag: &mut StepDiagnostics,
+    ) -> Result<ScoredBatch> {
+        let groups = &batch.groups;
+        let trajs: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
+        let version = step as u64;
+        // Off-policy: some token came from an older policy than the learner's.
+        let off_policy = trajs.iter().any(|t| staleness(version, t.version) > 0);
+        let oldest: Vec<u64> = groups
+            .iter()
+            .map(|g| g.oldest_version().unwrap_or(version))
+            .collect();
+        let version_spread = groups
+            .iter()
+            .map(|g| {
+                let v = g.trajectories.iter().flat_map(|t| {
+                    t.token_versions
+                        .iter()
+                        .copied()
+                        .chain(std::iter::once(t.version))
+                });
+                (v.clone().max().unwrap_or(0) - v.min().unwrap_or(0)) as f64
+            })
+            .sum::<f64>()
+            / groups.len().max(1) as f64;
+        let a = &self.recipe.algorithm;
+        let overlong = (a.overlong_cache_len > 0)
+            .then(|| {
+                OverlongPenalty::new(
+                    self.recipe.rollout.max_new_tokens,
+                    a.overlong_cache_len,
+                    a.overlong_factor,
+                )
+            })
+            .transpose()?;
+        let mut rows = Vec::new();
+        let mut group_ids = Vec::new();
+        let mut rewards = Vec::new();
+        for (gi, g) in groups.iter().enumerate() {
+            for t in g.trajectories.iter().filter(|t| t.reward.is_some()) {
+                let mut reward = t.reward.unwrap_or(0.0);
+                if let Some(p) = &overlong {
+                    reward += p.penalty(t.generated_len());
+                }
+                rows.push(Row::sampled(t, a.overlong_filter && t.truncated));
+                group_ids.push(gi as u64);
+                rewards.push(reward);
+            }
+        }
+        let rollout = self.rollout_report(&trajs, batch);
+        if !rows.is_empty() {
+            self.prepare(&mut rows, &group_ids, &rewards, off_policy, diag)?;
+        }
+        Ok(ScoredBatch {
+            rows,
+            rollout,
+            staleness: staleness_metrics(version, &oldest, self.recipe.asynchrony.eta()),
+            version_spread,
+        })
+    }
+
+    /// Reward statistics over every scored trajectory (before shaping), lengths and counts.
+    fn rollout_report(&self, trajs: &[&Trajectory], batch: &Collected) -> RolloutReport {
+        let scored: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
+        let (reward_mean, reward_std) = mean_std(&scored);
+        let accuracy = if trajs.is_empty() {
+            0.0
+        } else {
+            trajs
+                .iter()
+                .map(|t| is_correct(t, &self.side.correctness))
+                .sum::<f64>()
+                / trajs.len() as f64
+        };
+        let lens: Vec<f64> = trajs.iter().map(|t| t.generated_len() as f64).collect();
+        // Each term's raw (unweighted) mean over the scored samples.
+        let reward_terms = self
+            .side
+            .rewards
+            .names()
+            .into_iter()
+            .map(|name| {
+                let v: Vec<f64> = trajs
+                    .iter()
+                    .filter_map(|t| t.reward_terms.iter().find(|(n, _)| *n == name))
+                    .map(|(_, v)| *v)
+                    .collect();
+                (format!("reward/{name}"), mean_std(&v).0)
+            })
+            .collect();
+        RolloutReport {
+            reward_mean,
+            environment: self.side.env.take_metrics(),
+            reward_terms,
+            reward_std,
+            accuracy,
+            response_len_mean: mean_std(&lens).0,
+            response_len_max: lens.iter().copied().fold(0.0, f64::max),
+            groups_filtered: batch.filtered,
+            reward_failed: batch.failed,
+            reward_timeouts: batch.timeouts,
+            prompts_skipped: batch.skipped_prompts,
+            tokens_per_s: batch.tokens as f64 / batch.generate_secs.max(1e-9),
+        }
+    }
+}
+
+pub(crate) fn mean_std(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    (mean, var.sqrt())
+}
+
+/// 1 when the trajectory's correctness term (`term`: the task's `correct`, or the recipe's
+/// `correctness` term) scored above 0.
+pub(crate) fn is_correct(t: &Trajectory, term: &str) -> f64 {
+    t.reward_terms
+        .iter()
+        .find(|(n, _)| n == term)
+        .map_or(0.0, |(_, v)| if *v > 0.0 { 1.0 } else { 0.0 })
+}
