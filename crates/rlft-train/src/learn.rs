@@ -45,10 +45,10 @@ impl Trainer {
         // (With one step per batch a NaN stops it before the step: nothing to restore, and the
         // optimizer updates parameters that nothing else holds in place.)
         let before = several.then(|| self.policy().clone());
-        let before_optim = several.then(|| self.optim.to_record());
-        let before_critic = several.then(|| self.critic.clone()).flatten();
+        let before_optim = several.then(|| self.learner.optim.to_record());
+        let before_critic = several.then(|| self.models.critic.clone()).flatten();
         let before_critic_optim = several
-            .then(|| self.critic_optim.as_ref().map(|o| o.to_record()))
+            .then(|| self.learner.critic_optim.as_ref().map(|o| o.to_record()))
             .flatten();
         for epoch in 0..a.ppo_epochs {
             // A fixed, step-dependent permutation of the rows.
@@ -69,7 +69,7 @@ impl Trainer {
                     .iter()
                     .filter(|&&i| rows[i].mask.iter().any(|&m| m > 0.0))
                     .count();
-                let ranks = self.ranks.len() + 1;
+                let ranks = self.learner.ranks.len() + 1;
                 // Every rank's loss is normalised by the whole mini-batch and the ranks'
                 // gradients are summed: `dp_size` stays 1 (see `crate::distributed`).
                 let global = GlobalBatchInfo {
@@ -89,23 +89,30 @@ impl Trainer {
                         continue;
                     }
                     let replica;
-                    let (policy, critic, device) = match k.checked_sub(1).map(|r| &self.ranks[r]) {
-                        // Rank 0, or a rank on rank 0's device: the policy itself (its backward
-                        // passes add up as gradient accumulation does).
-                        None => (self.policy(), self.critic.as_ref(), &self.device),
-                        Some(d) if *d == self.device => {
-                            (self.policy(), self.critic.as_ref(), &self.device)
-                        }
-                        Some(device) => {
-                            // This step's weights on the rank's device, with their own
-                            // autodiff graph.
-                            replica = (
-                                self.policy().clone().fork(device),
-                                self.critic.clone().map(|c| c.fork(device)),
-                            );
-                            (&replica.0, replica.1.as_ref(), device)
-                        }
-                    };
+                    let (policy, critic, device) =
+                        match k.checked_sub(1).map(|r| &self.learner.ranks[r]) {
+                            // Rank 0, or a rank on rank 0's device: the policy itself (its backward
+                            // passes add up as gradient accumulation does).
+                            None => (
+                                self.policy(),
+                                self.models.critic.as_ref(),
+                                &self.learner.device,
+                            ),
+                            Some(d) if *d == self.learner.device => (
+                                self.policy(),
+                                self.models.critic.as_ref(),
+                                &self.learner.device,
+                            ),
+                            Some(device) => {
+                                // This step's weights on the rank's device, with their own
+                                // autodiff graph.
+                                replica = (
+                                    self.policy().clone().fork(device),
+                                    self.models.critic.clone().map(|c| c.fork(device)),
+                                );
+                                (&replica.0, replica.1.as_ref(), device)
+                            }
+                        };
                     let part =
                         self.rank_gradients((policy, critic, device), shard, rows, global, diag)?;
                     for (s, p) in sums.iter_mut().zip(part.sums) {
@@ -116,22 +123,24 @@ impl Trainer {
                     policy_grads.push(part.policy);
                     critic_grads.extend(part.critic);
                 }
-                if self.critic.is_some() {
+                if self.models.critic.is_some() {
                     // Each micro-batch's value loss is its share of the mini-batch's (global
                     // normalisation): their sum is the step's, whatever the micro-batching.
                     value_losses.push(step_value_loss);
                 }
-                let grads = sum_gradients(self.policy(), policy_grads, &self.device);
+                let grads = sum_gradients(self.policy(), policy_grads, &self.learner.device);
                 let critic_grads = self
+                    .models
                     .critic
                     .as_ref()
-                    .map(|c| sum_gradients(c, critic_grads, &self.device));
+                    .map(|c| sum_gradients(c, critic_grads, &self.learner.device));
                 let (grads, norm) =
                     clip_grads(grads, self.policy(), self.recipe.optimizer.grad_clip);
                 norms.push(norm);
                 // The critic's step is checked too: a NaN in it would poison every later value
                 // and advantage.
                 let critic_grads = self
+                    .models
                     .critic
                     .as_ref()
                     .zip(critic_grads)
@@ -145,11 +154,13 @@ impl Trainer {
                     break;
                 }
                 let policy = self.take_policy();
-                self.policy = Some(self.optim.step(lr, policy, grads));
-                if let (Some(critic), Some(o), Some((g, _))) =
-                    (self.critic.take(), self.critic_optim.as_mut(), critic_grads)
-                {
-                    self.critic = Some(o.step(lr, critic, g));
+                self.models.policy = Some(self.learner.optim.step(lr, policy, grads));
+                if let (Some(critic), Some(o), Some((g, _))) = (
+                    self.models.critic.take(),
+                    self.learner.critic_optim.as_mut(),
+                    critic_grads,
+                ) {
+                    self.models.critic = Some(o.step(lr, critic, g));
                 }
             }
             if bad {
@@ -159,16 +170,16 @@ impl Trainer {
         if bad {
             // Weights and optimiser state untouched.
             if let Some(before) = before {
-                self.policy = Some(before);
+                self.models.policy = Some(before);
             }
             if let Some(record) = before_optim {
-                self.optim = adamw(&self.recipe.optimizer).load_record(record);
+                self.learner.optim = adamw(&self.recipe.optimizer).load_record(record);
             }
             if let Some(c) = before_critic {
-                self.critic = Some(c);
+                self.models.critic = Some(c);
             }
             if let Some(record) = before_critic_optim {
-                self.critic_optim = Some(adamw(&self.recipe.optimizer).load_record(record));
+                self.learner.critic_optim = Some(adamw(&self.recipe.optimizer).load_record(record));
             }
         }
         let c = count.max(1.0);
@@ -213,10 +224,11 @@ impl Trainer {
                 .all(|r| r.is_w.is_some())
                 .then(|| per_token(&|r| r.is_w.as_deref().unwrap_or(&[])));
             let ref_lp = self
+                .models
                 .reference
                 .is_some()
                 .then(|| per_token(&|r| r.ref_lp.as_deref().unwrap_or(&[])));
-            let bypass = self.algo.offpolicy.mode == CorrectionMode::Bypass;
+            let bypass = self.learner.algo.offpolicy.mode == CorrectionMode::Bypass;
             let width = ids.response_len();
             let mask_h = if bypass {
                 aligned(&refs, width, |r| &r.mask)
@@ -241,13 +253,13 @@ impl Trainer {
                             &aligned(&refs, width, |r| &r.behaviour_lp),
                             &mask_h,
                             dims,
-                            &self.algo.offpolicy.correction,
+                            &self.learner.algo.offpolicy.correction,
                         )?;
                         let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
                         mask = t2(device, f32s(out.mask), dims[0], dims[1]);
                         weights = out
                             .weights
-                            .filter(|_| self.algo.offpolicy.bypass_applies_weights)
+                            .filter(|_| self.learner.algo.offpolicy.bypass_applies_weights)
                             .map(|w| t2(device, f32s(w), dims[0], dims[1]));
                     }
                     let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
@@ -259,9 +271,11 @@ impl Trainer {
                     if let Some(r) = ref_lp {
                         input = input.with_ref_log_prob(r);
                     }
-                    let out = self
-                        .registry
-                        .compute(&self.algo.loss, &input, &self.algo.config)?;
+                    let out = self.learner.registry.compute(
+                        &self.learner.algo.loss,
+                        &input,
+                        &self.learner.algo.config,
+                    )?;
                     let mv = out.metrics.read()?;
                     Ok(LossOut {
                         loss: out.loss,
@@ -330,7 +344,7 @@ impl Trainer {
     /// (`algorithm.logits_chunk_tokens`, or a 1 GiB budget of f32 logits when 0).
     pub(crate) fn logits_chunk(&self) -> usize {
         match self.recipe.algorithm.logits_chunk_tokens {
-            0 => chunk_for_budget(self.config.vocab_size, LOGITS_CHUNK_BYTES),
+            0 => chunk_for_budget(self.models.config.vocab_size, LOGITS_CHUNK_BYTES),
             n => n,
         }
     }
@@ -338,7 +352,7 @@ impl Trainer {
     /// Packs rows in the learner's layout (the sampler's rescoring layout, see
     /// [`LearnerBatch`]).
     pub(crate) fn pack(&self, rows: &[&Row]) -> LearnerBatch {
-        self.pack_on(rows, &self.device)
+        self.pack_on(rows, &self.learner.device)
     }
 
     /// As [`Trainer::pack`], on `device`.

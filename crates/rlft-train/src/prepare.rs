@@ -29,9 +29,13 @@ impl Trainer {
         let a = &self.recipe.algorithm;
         let temperature = self.recipe.rollout.temperature;
         let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
-        let old_pass = self.algo.offpolicy.needs_old_pass(on_policy, off_policy);
+        let old_pass = self
+            .learner
+            .algo
+            .offpolicy
+            .needs_old_pass(on_policy, off_policy);
         let policy = self.policy().valid();
-        let critic = self.critic.as_ref().map(|c| c.valid());
+        let critic = self.models.critic.as_ref().map(|c| c.valid());
         let mut prox: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
         let mut prox_secs = 0.0;
         let all: Vec<usize> = (0..rows.len()).collect();
@@ -41,7 +45,7 @@ impl Trainer {
             let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
             let ids = self.pack(&refs);
             // Frozen (`valid()`) models live on the plain device.
-            let ids_plain = ids.to_device(&self.plain);
+            let ids_plain = ids.to_device(&self.learner.plain);
             if old_pass {
                 let t0 = Instant::now();
                 let lp =
@@ -51,7 +55,7 @@ impl Trainer {
                 }
                 prox_secs += t0.elapsed().as_secs_f64();
             }
-            if let Some(reference) = &self.reference {
+            if let Some(reference) = &self.models.reference {
                 let ids_ref = ids.to_device(&reference.device);
                 let lp = host(ids_ref.logprobs_chunked(
                     &reference.model,
@@ -84,7 +88,7 @@ impl Trainer {
         }
         // The anchor (π_old, or μ for a cumulative ratio against the behaviour policy) is set
         // before the advantages, whose KL-in-reward reads it.
-        if old_pass && !self.algo.offpolicy.anchors_at_behaviour() {
+        if old_pass && !self.learner.algo.offpolicy.anchors_at_behaviour() {
             for (row, p) in rows.iter_mut().zip(&prox) {
                 row.old_lp.clone_from(p);
             }
@@ -113,9 +117,9 @@ impl Trainer {
                 && let Some(r) = &row.ref_lp
             {
                 let k = kl_penalty(
-                    t2(&self.plain, row.old_lp.clone(), 1, row.resp_len()),
-                    t2(&self.plain, r.clone(), 1, row.resp_len()),
-                    self.algo.config.kl_estimator,
+                    t2(&self.learner.plain, row.old_lp.clone(), 1, row.resp_len()),
+                    t2(&self.learner.plain, r.clone(), 1, row.resp_len()),
+                    self.learner.algo.config.kl_estimator,
                     None,
                 )?;
                 for (j, kv) in host(k).iter().enumerate() {
@@ -124,20 +128,20 @@ impl Trainer {
             }
         }
         let mut input = AdvantageInput::new(
-            t2(&self.plain, tok_rewards, n, rmax),
-            t2(&self.plain, mask, n, rmax),
+            t2(&self.learner.plain, tok_rewards, n, rmax),
+            t2(&self.learner.plain, mask, n, rmax),
         )
         .with_groups(group_ids.to_vec());
-        if self.critic.is_some() {
-            input = input.with_values(t2(&self.plain, values, n, rmax));
+        if self.models.critic.is_some() {
+            input = input.with_values(t2(&self.learner.plain, values, n, rmax));
         }
-        let out = self.algo.advantage.compute(&input)?;
+        let out = self.learner.algo.advantage.compute(&input)?;
         let adv = host(out.advantages);
         let ret = host(out.returns);
         for (i, row) in rows.iter_mut().enumerate() {
             let r = row.resp_len();
             row.adv = adv[i * rmax..i * rmax + r].to_vec();
-            if self.critic.is_some() {
+            if self.models.critic.is_some() {
                 row.returns = Some(ret[i * rmax..i * rmax + r].to_vec());
             }
         }
@@ -157,7 +161,7 @@ impl Trainer {
         prox: &[Vec<f32>],
         diag: &mut StepDiagnostics,
     ) -> Result<()> {
-        let off = &self.algo.offpolicy;
+        let off = &self.learner.algo.offpolicy;
         let n = rows.len();
         let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
         let refs: Vec<&Row> = rows.iter().collect();

@@ -69,7 +69,7 @@ impl Trainer {
             .clone()
             .try_load_file(dir.join(checkpoint::POLICY_FILE))
             .map_err(|e| err("the policy weights", format!("{e:?}")))?;
-        self.policy = Some(policy);
+        self.models.policy = Some(policy);
         // A warm-up checkpoint holds the warm-up's optimiser; RL's starts fresh after it.
         let optim = if state.sft_done {
             adamw(&self.recipe.optimizer)
@@ -79,16 +79,16 @@ impl Trainer {
         .load(dir.join(checkpoint::OPTIM_FILE))
         .map_err(|e| err("the optimizer state", format!("{e:?}")))?;
         if state.sft_done {
-            self.optim = optim;
+            self.learner.optim = optim;
         } else {
-            self.sft_optim = Some(optim);
+            self.learner.sft_optim = Some(optim);
         }
-        if let Some(c) = self.critic.take() {
-            self.critic = Some(
+        if let Some(c) = self.models.critic.take() {
+            self.models.critic = Some(
                 c.try_load_file(dir.join(checkpoint::CRITIC_FILE))
                     .map_err(|e| err("the critic weights", format!("{e:?}")))?,
             );
-            self.critic_optim = Some(
+            self.learner.critic_optim = Some(
                 adamw(&self.recipe.optimizer)
                     .load(dir.join(checkpoint::CRITIC_OPTIM_FILE))
                     .map_err(|e| err("the critic optimizer state", format!("{e:?}")))?,
@@ -118,6 +118,7 @@ impl Trainer {
             }
             for v in listed {
                 let m = self
+                    .models
                     .policy
                     .as_ref()
                     .map(|p| p.valid())
@@ -145,12 +146,12 @@ impl Trainer {
             .flat_map(|s| s.iter().map(|(v, _)| *v))
             .collect();
         let policy = self.policy().clone();
-        let optim = match (&self.sft_optim, self.state.sft_done) {
+        let optim = match (&self.learner.sft_optim, self.state.sft_done) {
             (Some(o), false) => o,
-            _ => &self.optim,
+            _ => &self.learner.optim,
         };
-        let critic = self.critic.clone();
-        let critic_optim = &self.critic_optim;
+        let critic = self.models.critic.clone();
+        let critic_optim = &self.learner.critic_optim;
         let snapshots: Vec<(u64, rlft_model::Transformer)> = self
             .feed
             .snapshots()
@@ -206,8 +207,8 @@ impl Trainer {
                 path.display()
             );
         }
-        if self.sft_optim.is_none() {
-            self.sft_optim = Some(self.sft_adamw());
+        if self.learner.sft_optim.is_none() {
+            self.learner.sft_optim = Some(self.sft_adamw());
         }
         let eos = self.tokenizer.eos_ids.first().copied().unwrap_or(0);
         let schedule = s.lr_schedule();
@@ -261,8 +262,8 @@ impl Trainer {
             let lr = schedule.lr(s.lr, step);
             if norm.is_finite() && loss_v.is_finite() {
                 let policy = self.take_policy();
-                if let Some(o) = self.sft_optim.as_mut() {
-                    self.policy = Some(o.step(lr, policy, grads));
+                if let Some(o) = self.learner.sft_optim.as_mut() {
+                    self.models.policy = Some(o.step(lr, policy, grads));
                 }
             }
             let mut m = StepMetrics::new();
@@ -286,7 +287,7 @@ impl Trainer {
             }
         }
         self.state.sft_done = true;
-        self.sft_optim = None;
+        self.learner.sft_optim = None;
         Ok(true)
     }
 
@@ -403,7 +404,7 @@ impl Trainer {
         let exported = if self.recipe.checkpoint.export_final && !interrupted {
             let dir = out.join("final");
             self.policy()
-                .save_hf(&self.config, Some(&self.tokenizer), &dir)?;
+                .save_hf(&self.models.config, Some(&self.tokenizer), &dir)?;
             Some(dir)
         } else {
             None

@@ -48,23 +48,50 @@ pub(crate) struct Reference {
     pub(crate) device: Device,
 }
 
-/// A trainer built from a recipe.
-pub struct Trainer {
-    pub(crate) recipe: Recipe,
-    pub(crate) device: Device,
-    pub(crate) plain: Device,
-    /// `[distributed] devices` past the first (autodiff devices): the learner's other ranks.
-    pub(crate) ranks: Vec<Device>,
+/// The models of a run.
+pub(crate) struct Models {
     /// The policy (on the autodiff device); `None` only while an optimizer step holds it, so
     /// that its parameters are updated in place ([`Trainer::policy`]).
     pub(crate) policy: Option<Transformer>,
+    /// The critic (PPO with GAE).
     pub(crate) critic: Option<ValueModel>,
+    /// The frozen reference (with a KL term).
     pub(crate) reference: Option<Reference>,
+    /// The policy's architecture.
+    pub(crate) config: TransformerConfig,
+}
+
+/// Where and how the policy learns: devices, ranks, compute pool, the resolved algorithm with
+/// the loss registry it came from, and the optimisers.
+pub(crate) struct Learner {
+    /// The first rank's device, with autodiff.
+    pub(crate) device: Device,
+    /// The same device without autodiff (frozen passes).
+    pub(crate) plain: Device,
+    /// `[distributed] devices` past the first (autodiff devices): the learner's other ranks.
+    pub(crate) ranks: Vec<Device>,
+    /// `async.learner_threads`: the learner's compute pool.
+    pub(crate) pool: Option<Arc<rayon::ThreadPool>>,
+    /// `[algorithm]`, resolved against `registry`.
+    pub(crate) algo: ResolvedAlgorithm,
+    /// The losses the run may name (built-ins and the trainer's own).
+    pub(crate) registry: LossRegistry,
+    /// The policy's AdamW.
+    pub(crate) optim: ModuleOptimizer,
+    /// The critic's AdamW.
+    pub(crate) critic_optim: Option<ModuleOptimizer>,
+    /// The warm-up's optimiser, while the warm-up runs.
+    pub(crate) sft_optim: Option<ModuleOptimizer>,
+}
+
+/// A trainer built from a recipe: the models, the learner, the data and the feed of batches,
+/// and the run's state.
+pub struct Trainer {
+    pub(crate) recipe: Recipe,
+    pub(crate) models: Models,
     /// The tokenizer.
     pub tokenizer: Tokenizer,
-    pub(crate) config: TransformerConfig,
-    pub(crate) optim: ModuleOptimizer,
-    pub(crate) critic_optim: Option<ModuleOptimizer>,
+    pub(crate) learner: Learner,
     pub(crate) task: Task,
     pub(crate) train_set: Arc<Dataset>,
     pub(crate) eval_set: Vec<Example>,
@@ -76,15 +103,9 @@ pub struct Trainer {
     pub(crate) feed: Feed,
     /// The run's timeline (`events.jsonl`).
     pub(crate) timeline: Arc<Timeline>,
-    /// `async.learner_threads`: the learner's compute pool.
-    pub(crate) learner_pool: Option<Arc<rayon::ThreadPool>>,
     /// When the last RL step ended (timeline seconds), for the async fractions.
     pub(crate) last_step_end: Option<f64>,
-    pub(crate) algo: ResolvedAlgorithm,
-    pub(crate) registry: LossRegistry,
     pub(crate) state: TrainerState,
-    /// The warm-up's optimiser, while the warm-up runs.
-    pub(crate) sft_optim: Option<ModuleOptimizer>,
     /// A checkpoint was loaded (its logs are cut back to it, not started afresh).
     pub(crate) resumed: bool,
 }
@@ -92,7 +113,8 @@ pub struct Trainer {
 impl Trainer {
     /// The policy (on the autodiff device).
     pub fn policy(&self) -> &Transformer {
-        self.policy
+        self.models
+            .policy
             .as_ref()
             .expect("the policy is only moved out during an optimizer step")
     }
@@ -105,7 +127,8 @@ impl Trainer {
     /// Moves the policy out for an optimizer step, which puts the result back: while nothing else
     /// holds its parameters, [`crate::optim::FusedAdamW`] updates them where they lie.
     pub(crate) fn take_policy(&mut self) -> Transformer {
-        self.policy
+        self.models
+            .policy
             .take()
             .expect("the policy is only moved out during an optimizer step")
     }
@@ -280,27 +303,31 @@ impl Trainer {
             side,
             feed: Feed::Switching,
             timeline: Arc::new(Timeline::open(None, false)?),
-            learner_pool,
             last_step_end: None,
-            optim: adamw(&recipe.optimizer),
-            critic_optim: recipe.model.critic.then(|| adamw(&recipe.optimizer)),
-            registry: ext.registry,
+            learner: Learner {
+                device,
+                plain,
+                ranks,
+                pool: learner_pool,
+                algo,
+                registry: ext.registry,
+                optim: adamw(&recipe.optimizer),
+                critic_optim: recipe.model.critic.then(|| adamw(&recipe.optimizer)),
+                sft_optim: None,
+            },
             recipe,
-            device,
-            plain,
-            ranks,
-            policy: Some(policy),
-            critic,
-            reference,
+            models: Models {
+                policy: Some(policy),
+                critic,
+                reference,
+                config,
+            },
             tokenizer,
-            config,
             task,
             train_set,
             eval_set: sources.eval,
             sft_set: sources.sft,
-            algo,
             state: state.clone(),
-            sft_optim: None,
             resumed: false,
         };
         let a = &trainer.recipe.asynchrony;
@@ -351,7 +378,7 @@ impl Trainer {
 
     /// Step `step` on the learner's compute pool (`async.learner_threads`), else the shared one.
     pub(crate) fn step(&mut self, step: usize) -> Result<StepReport> {
-        match self.learner_pool.clone() {
+        match self.learner.pool.clone() {
             Some(pool) => pool.install(|| self.step_here(step)),
             None => self.step_here(step),
         }
@@ -415,9 +442,9 @@ impl Trainer {
     fn set_step_coefficients(&mut self, step: usize) -> f64 {
         let beta = self.beta();
         if self.recipe.algorithm.kl_placement == KlPlacement::Loss {
-            self.algo.config.kl_coef = beta;
+            self.learner.algo.config.kl_coef = beta;
         }
-        self.algo.config.clip_cov_seed = self.recipe.seed ^ spread(step as u64);
+        self.learner.algo.config.clip_cov_seed = self.recipe.seed ^ spread(step as u64);
         beta
     }
 
@@ -431,7 +458,7 @@ impl Trainer {
         } else {
             self.state.bad_in_row = 0;
         }
-        let ctrl = self.algo.kl_control.as_mut()?;
+        let ctrl = self.learner.algo.kl_control.as_mut()?;
         ctrl.value = beta;
         self.state.kl_coef = Some(ctrl.update(update.kl, sequences));
         Some(beta)
@@ -461,7 +488,7 @@ impl Trainer {
 
     /// β of the KL term: the adaptive controller's current value, else `algorithm.kl_coef`.
     pub(crate) fn beta(&self) -> f64 {
-        match &self.algo.kl_control {
+        match &self.learner.algo.kl_control {
             Some(c) => self.state.kl_coef.unwrap_or(c.value),
             None => self.recipe.algorithm.kl_coef,
         }
