@@ -42,6 +42,22 @@ pub struct TrainerState {
 }
 
 impl TrainerState {
+    /// A run at its start, with the effective recipe `recipe` (TOML).
+    pub fn new(recipe: String) -> Self {
+        Self {
+            step: 0,
+            cursor: DataCursor::default(),
+            skipped_steps: 0,
+            bad_in_row: 0,
+            sft_done: false,
+            sft_step: 0,
+            recipe,
+            kl_coef: None,
+            pipeline: Default::default(),
+            snapshots: Vec::new(),
+        }
+    }
+
     /// The name of the checkpoint of this state: `warmup-<k>` or `step-<n>`.
     pub fn checkpoint_name(&self) -> String {
         if self.sft_done {

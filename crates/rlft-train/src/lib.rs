@@ -21,6 +21,7 @@ pub mod launch;
 mod learn;
 pub mod learner;
 pub mod metrics;
+mod models;
 pub mod offpolicy;
 pub mod optim;
 pub mod plot;
@@ -129,6 +130,18 @@ pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 /// rename, folder sync).
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     rlft_model::write_atomic(path, bytes).map_err(io_err(path))
+}
+
+/// A rayon pool of `threads` threads named by `name(k)` (the learner's and each rollout
+/// worker's compute threads).
+pub(crate) fn compute_pool(
+    threads: usize,
+    name: impl FnMut(usize) -> String + 'static,
+) -> std::result::Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(name)
+        .build()
 }
 
 pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> TrainError {

@@ -14,6 +14,7 @@
 use crate::algorithm::{Extensions, ResolvedAlgorithm, resolve_algorithm};
 use crate::checkpoint::{self, TrainerState};
 use crate::events::{EventKind, Timeline};
+use crate::models::Models;
 use crate::offpolicy::StepDiagnostics;
 use crate::optim::adamw;
 use crate::recipe::AsyncMode;
@@ -25,10 +26,10 @@ use crate::rollout_side::feed::{Feed, FeedStats};
 use crate::sources::Sources;
 use crate::{Result, TrainError, io_err};
 use burn::optim::ModuleOptimizer;
-use burn::tensor::{DType, Device};
+use burn::tensor::Device;
 use rlft_algo::loss::LossRegistry;
 use rlft_algo::seed::spread;
-use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
+use rlft_model::{Tokenizer, Transformer};
 use rlft_rollout::{DataCursor, Dataset, Example, Task};
 use std::path::Path;
 use std::sync::Arc;
@@ -40,26 +41,6 @@ pub const LOGITS_CHUNK_BYTES: usize = 1 << 30;
 
 /// Skipped (NaN/Inf) steps in a row that stop the run.
 pub const MAX_BAD_STEPS_IN_ROW: usize = 3;
-
-/// The frozen reference policy and the device it lives on (`model.reference_device`, default
-/// the learner's plain device).
-pub(crate) struct Reference {
-    pub(crate) model: Transformer,
-    pub(crate) device: Device,
-}
-
-/// The models of a run.
-pub(crate) struct Models {
-    /// The policy (on the autodiff device); `None` only while an optimizer step holds it, so
-    /// that its parameters are updated in place ([`Trainer::policy`]).
-    pub(crate) policy: Option<Transformer>,
-    /// The critic (PPO with GAE).
-    pub(crate) critic: Option<ValueModel>,
-    /// The frozen reference (with a KL term).
-    pub(crate) reference: Option<Reference>,
-    /// The policy's architecture.
-    pub(crate) config: TransformerConfig,
-}
 
 /// Where and how the policy learns: devices, ranks, compute pool, the resolved algorithm with
 /// the loss registry it came from, and the optimisers.
@@ -108,6 +89,33 @@ pub struct Trainer {
     pub(crate) state: TrainerState,
     /// A checkpoint was loaded (its logs are cut back to it, not started afresh).
     pub(crate) resumed: bool,
+}
+
+/// The built-in task of `[task]`, seeded by the run.
+fn task(recipe: &Recipe, tokenizer: &Tokenizer) -> Result<Task> {
+    let mut task = Task::new(recipe.task.name, recipe.task.difficulty)?;
+    task.ops = recipe.task.ops.iter().map(|o| o.symbol()).collect();
+    task.chat = recipe.task.chat;
+    task.seed = recipe.seed;
+    if task.chat && tokenizer.chat_template.is_none() {
+        return Err(TrainError::Recipe(
+            "task.chat = true but the model has no chat template".into(),
+        ));
+    }
+    Ok(task)
+}
+
+/// The learner's devices: the run's (the first of `[distributed] devices`, else `device`),
+/// without autodiff, and the other ranks' (with autodiff).
+fn learner_devices(recipe: &Recipe) -> Result<(Device, Vec<Device>)> {
+    let devices = &recipe.distributed.devices;
+    let plain = devices.first().copied().unwrap_or(recipe.device).device()?;
+    let ranks = devices
+        .iter()
+        .skip(1)
+        .map(|d| d.device().map(|d| d.autodiff()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok((plain, ranks))
 }
 
 impl Trainer {
@@ -162,16 +170,8 @@ impl Trainer {
             recipe.check_resume(&Recipe::from_stored(&r.stored_recipe()?)?)?;
             recipe.output_dir = r.run_dir();
         }
-        // With data parallelism the first rank's device is the run's.
-        let devices = &recipe.distributed.devices;
-        let run_device = devices.first().copied().unwrap_or(recipe.device);
-        let plain = run_device.device()?;
+        let (plain, ranks) = learner_devices(&recipe)?;
         let device = plain.clone().autodiff();
-        let ranks = devices
-            .iter()
-            .skip(1)
-            .map(|d| d.device().map(|d| d.autodiff()))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
         device.seed(recipe.seed);
         let out = &recipe.output_dir;
         if resume.is_none()
@@ -189,72 +189,8 @@ impl Trainer {
             )));
         }
         let stored = recipe.to_toml()?;
-        let (policy, tokenizer, config) = if recipe.model.path.is_empty() {
-            let tokenizer = Tokenizer::byte_level();
-            let s = &recipe.model.scratch;
-            let config = TransformerConfig::new(
-                tokenizer.vocab_size(),
-                s.hidden_size,
-                s.intermediate_size,
-                s.layers,
-                s.heads,
-                s.kv_heads,
-                s.hidden_size / s.heads,
-            )
-            .with_tie_word_embeddings(true)
-            .with_max_position_embeddings(1024);
-            (config.init_seeded(&device, recipe.seed), tokenizer, config)
-        } else {
-            let p = Pretrained::load(Path::new(&recipe.model.path), &device, DType::F32)?;
-            (p.model, p.tokenizer, p.config)
-        };
-        // Half-precision passes where every device of the run has them.
-        let dtype = recipe.model.dtype;
-        dtype.check(&plain, "device", run_device)?;
-        for (d, &spec) in ranks.iter().zip(devices.iter().skip(1)) {
-            dtype.check(d, "distributed.devices entry", spec)?;
-        }
-        if let Some(spec) = recipe.rollout.device {
-            dtype.check(&spec.device()?, "rollout.device", spec)?;
-        }
-        let policy = policy.with_compute_dtype(dtype.float_dtype());
-        let policy = if recipe.model.lora.rank > 0 {
-            let l = &recipe.model.lora;
-            policy.with_lora(
-                &LoraConfig::new(l.rank, l.alpha).with_target_modules(l.target_modules.clone()),
-            )?
-        } else {
-            policy
-        };
-        let reference = if recipe.algorithm.kl_coef > 0.0 {
-            let device = match recipe.model.reference_device {
-                Some(d) => d.device()?,
-                None => plain.clone(),
-            };
-            if let Some(spec) = recipe.model.reference_device {
-                dtype.check(&device, "model.reference_device", spec)?;
-            }
-            // Frozen: stored in the compute type.
-            Some(Reference {
-                model: policy.reference_copy(&device).cast_to_compute_dtype(),
-                device,
-            })
-        } else {
-            None
-        };
-        let critic = recipe
-            .model
-            .critic
-            .then(|| ValueModel::from_trunk(policy.clone(), &device));
-        let mut task = Task::new(recipe.task.name, recipe.task.difficulty)?;
-        task.ops = recipe.task.ops.iter().map(|o| o.symbol()).collect();
-        task.chat = recipe.task.chat;
-        task.seed = recipe.seed;
-        if task.chat && tokenizer.chat_template.is_none() {
-            return Err(TrainError::Recipe(
-                "task.chat = true but the model has no chat template".into(),
-            ));
-        }
+        let (models, tokenizer) = Models::build(&recipe, (&device, &plain), &ranks)?;
+        let task = task(&recipe, &tokenizer)?;
         let mut sources = Sources::load(&recipe, &task, &tokenizer)?;
         if let Some(env) = &ext.environment {
             sources.env = env.clone();
@@ -266,30 +202,12 @@ impl Trainer {
         let learner_pool = recipe
             .asynchrony
             .learner_threads
-            .map(|n| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .thread_name(|k| format!("rlft-learner-{k}"))
-                    .build()
-                    .map(Arc::new)
-            })
+            .map(|n| crate::compute_pool(n, |k| format!("rlft-learner-{k}")).map(Arc::new))
             .transpose()
             .map_err(|e| TrainError::Usage(format!("learner compute threads: {e}")))?;
         // Created once everything it describes has loaded: bad input leaves nothing behind.
         let out = &recipe.output_dir;
         std::fs::create_dir_all(out).map_err(io_err(out))?;
-        let mut state = TrainerState {
-            step: 0,
-            cursor: DataCursor::default(),
-            skipped_steps: 0,
-            bad_in_row: 0,
-            sft_done: false,
-            sft_step: 0,
-            recipe: stored,
-            kl_coef: None,
-            pipeline: Default::default(),
-            snapshots: Vec::new(),
-        };
         let train_set = sources.train.clone();
         let mut side = RolloutSide::new(
             &recipe,
@@ -316,18 +234,13 @@ impl Trainer {
                 sft_optim: None,
             },
             recipe,
-            models: Models {
-                policy: Some(policy),
-                critic,
-                reference,
-                config,
-            },
+            models,
             tokenizer,
             task,
             train_set,
             eval_set: sources.eval,
             sft_set: sources.sft,
-            state: state.clone(),
+            state: TrainerState::new(stored),
             resumed: false,
         };
         let a = &trainer.recipe.asynchrony;
@@ -338,7 +251,7 @@ impl Trainer {
         let admission = trainer.admission(DataCursor::default(), 0, PipelineState::default())?;
         trainer.feed = Feed::new(a.mode, admission, lag);
         if let Some(checkpoint::ResumeFrom::Checkpoint(dir)) = &resume {
-            state = checkpoint::read_state(dir)?;
+            let mut state = checkpoint::read_state(dir)?;
             state.recipe = trainer.state.recipe.clone();
             trainer.load_checkpoint(dir, state)?;
             checkpoint::adopt(&trainer.recipe.output_dir, dir)?;

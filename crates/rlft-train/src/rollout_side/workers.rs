@@ -112,12 +112,7 @@ impl Workers {
         for i in 0..settings.workers.max(1) {
             let pool = settings
                 .threads
-                .map(|n| {
-                    rayon::ThreadPoolBuilder::new()
-                        .num_threads(n)
-                        .thread_name(move |k| format!("rlft-rollout-{i}-{k}"))
-                        .build()
-                })
+                .map(|n| crate::compute_pool(n, move |k| format!("rlft-rollout-{i}-{k}")))
                 .transpose()
                 .map_err(|e| TrainError::Worker {
                     worker: i,

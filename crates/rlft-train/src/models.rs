@@ -1,0 +1,111 @@
+//! The models of a run ([`Models`]): the policy (from an HF checkpoint or GGUF file, or new
+//! from `[model.scratch]`; with LoRA adapters and the compute type of `model.dtype`), the
+//! frozen reference on its device, and the critic.
+
+use crate::Result;
+use crate::recipe::Recipe;
+use burn::tensor::{DType, Device};
+use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
+use std::path::Path;
+
+/// The frozen reference policy and the device it lives on (`model.reference_device`, default
+/// the learner's plain device).
+pub(crate) struct Reference {
+    pub(crate) model: Transformer,
+    pub(crate) device: Device,
+}
+
+/// The models of a run.
+pub(crate) struct Models {
+    /// The policy (on the autodiff device); `None` only while an optimizer step holds it, so
+    /// that its parameters are updated in place ([`Trainer::policy`]).
+    pub(crate) policy: Option<Transformer>,
+    /// The critic (PPO with GAE).
+    pub(crate) critic: Option<ValueModel>,
+    /// The frozen reference (with a KL term).
+    pub(crate) reference: Option<Reference>,
+    /// The policy's architecture.
+    pub(crate) config: TransformerConfig,
+}
+
+impl Models {
+    /// The models `recipe` describes, on `device` (autodiff) and `plain` (its frozen twin),
+    /// with the tokenizer; `ranks` are the learner's other devices, checked for the compute
+    /// type like every device of the run.
+    ///
+    /// # Errors
+    /// A model file that does not load, a device without `model.dtype`'s arithmetic, LoRA
+    /// settings the model does not have.
+    pub(crate) fn build(
+        recipe: &Recipe,
+        (device, plain): (&Device, &Device),
+        ranks: &[Device],
+    ) -> Result<(Self, Tokenizer)> {
+        let (policy, tokenizer, config) = if recipe.model.path.is_empty() {
+            let tokenizer = Tokenizer::byte_level();
+            let s = &recipe.model.scratch;
+            let config = TransformerConfig::new(
+                tokenizer.vocab_size(),
+                s.hidden_size,
+                s.intermediate_size,
+                s.layers,
+                s.heads,
+                s.kv_heads,
+                s.hidden_size / s.heads,
+            )
+            .with_tie_word_embeddings(true)
+            .with_max_position_embeddings(1024);
+            (config.init_seeded(device, recipe.seed), tokenizer, config)
+        } else {
+            let p = Pretrained::load(Path::new(&recipe.model.path), device, DType::F32)?;
+            (p.model, p.tokenizer, p.config)
+        };
+        // Half-precision passes where every device of the run has them.
+        let dtype = recipe.model.dtype;
+        let devices = &recipe.distributed.devices;
+        let run_device = devices.first().copied().unwrap_or(recipe.device);
+        dtype.check(plain, "device", run_device)?;
+        for (d, &spec) in ranks.iter().zip(devices.iter().skip(1)) {
+            dtype.check(d, "distributed.devices entry", spec)?;
+        }
+        if let Some(spec) = recipe.rollout.device {
+            dtype.check(&spec.device()?, "rollout.device", spec)?;
+        }
+        let policy = policy.with_compute_dtype(dtype.float_dtype());
+        let policy = if recipe.model.lora.rank > 0 {
+            let l = &recipe.model.lora;
+            policy.with_lora(
+                &LoraConfig::new(l.rank, l.alpha).with_target_modules(l.target_modules.clone()),
+            )?
+        } else {
+            policy
+        };
+        let reference = if recipe.algorithm.kl_coef > 0.0 {
+            let device = match recipe.model.reference_device {
+                Some(d) => d.device()?,
+                None => plain.clone(),
+            };
+            if let Some(spec) = recipe.model.reference_device {
+                dtype.check(&device, "model.reference_device", spec)?;
+            }
+            // Frozen: stored in the compute type.
+            Some(Reference {
+                model: policy.reference_copy(&device).cast_to_compute_dtype(),
+                device,
+            })
+        } else {
+            None
+        };
+        let critic = recipe
+            .model
+            .critic
+            .then(|| ValueModel::from_trunk(policy.clone(), device));
+        let models = Models {
+            policy: Some(policy),
+            critic,
+            reference,
+            config,
+        };
+        Ok((models, tokenizer))
+    }
+}
