@@ -146,6 +146,7 @@ fn main() -> Result<()> {
                     token_versions: vec![step as u64; c.tokens.len()],
                     reward: Some(even as f64 / c.tokens.len() as f64),
                     behaviour_logprobs: c.logprobs,
+                    filter_log_mass: c.log_kept_mass.iter().map(|&m| f64::from(m)).sum(),
                     response_ids: c.tokens,
                     version: step as u64,
                     finish_reason: FinishReason::Length,

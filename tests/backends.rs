@@ -223,38 +223,51 @@ fn reference_model_on_its_own_device() {
     }
 }
 
-/// Where `u` falls in the host draw's cumulative distribution of one row: the tokens in the
-/// order the host walks them (id order without filters, by probability with them, only the kept
-/// ones) and their normalised running sums.
-fn host_cdf(x: &[f32], cfg: &SamplingConfig) -> (Vec<usize>, Vec<f64>) {
-    let mut order: Vec<usize> = (0..x.len()).collect();
+/// The distribution a draw samples from, by brute force in f64: the tokens it may draw in the
+/// order its inverse CDF walks them (by id without filters; by probability, ties by id, with
+/// them), their probabilities after top-k, min-p and top-p and renormalisation, and log S, the
+/// log of the full softmax's mass on them.
+fn sampled_distribution(x: &[f32], cfg: &SamplingConfig) -> (Vec<usize>, Vec<f64>, f64) {
     let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let mut p: Vec<f64> = if cfg.has_filters() {
+    let weight = |i: usize| (x[i] as f64 - max).exp();
+    let all: f64 = (0..x.len()).map(weight).sum();
+    let mut order: Vec<usize> = (0..x.len()).collect();
+    if cfg.has_filters() {
         order.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
         if cfg.top_k > 0 {
             order.truncate(cfg.top_k);
         }
-        let p: Vec<f64> = order.iter().map(|&i| (x[i] as f64 - max).exp()).collect();
-        let keep = p.iter().take_while(|&&q| q >= cfg.min_p).count().max(1);
-        order.truncate(keep);
-        let total: f64 = p[..keep].iter().sum();
-        let mut acc = 0.0;
-        let keep = p[..keep]
+        // min-p: relative to the most likely token (at weight 1).
+        let keep = order
             .iter()
-            .position(|q| {
-                acc += q / total;
+            .take_while(|&&i| weight(i) >= cfg.min_p)
+            .count();
+        order.truncate(keep.max(1));
+        // top-p: the shortest prefix whose share of the remaining mass reaches top_p.
+        let rest: f64 = order.iter().map(|&i| weight(i)).sum();
+        let mut acc = 0.0;
+        let keep = order
+            .iter()
+            .position(|&i| {
+                acc += weight(i) / rest;
                 acc >= cfg.top_p
             })
-            .map_or(keep, |i| i + 1);
+            .map_or(order.len(), |k| k + 1);
         order.truncate(keep);
-        p[..keep].to_vec()
-    } else {
-        x.iter().map(|&v| (v as f64 - max).exp()).collect()
-    };
-    let total: f64 = p.iter().sum();
+    }
+    let kept: f64 = order.iter().map(|&i| weight(i)).sum();
+    let q = order.iter().map(|&i| weight(i) / kept).collect();
+    (order, q, (kept / all).ln())
+}
+
+/// Where `u` falls in the host draw's cumulative distribution of one row: the tokens in the
+/// order the host walks them (id order without filters, by probability with them, only the kept
+/// ones) and their normalised running sums.
+fn host_cdf(x: &[f32], cfg: &SamplingConfig) -> (Vec<usize>, Vec<f64>) {
+    let (order, mut p, _) = sampled_distribution(x, cfg);
     let mut acc = 0.0;
     for q in &mut p {
-        acc += *q / total;
+        acc += *q;
         *q = acc;
     }
     (order, p)
@@ -263,7 +276,8 @@ fn host_cdf(x: &[f32], cfg: &SamplingConfig) -> (Vec<usize>, Vec<f64>) {
 /// The on-device draw picks the host draw's tokens from the same logits on every compiled
 /// backend, except where the variate lies within 1e-6 of a boundary between the two tokens in
 /// the host's cumulative distribution (counted and printed); greedy decoding and the log-probs
-/// agree everywhere.
+/// agree everywhere. Every log-prob μ and kept mass log S, host and device, with each filter and
+/// their combination, equals a brute-force f64 reference of the distribution sampled from.
 #[test]
 fn device_draw_matches_the_host_draw() {
     let (rows, vocab) = (64, 3000);
@@ -298,19 +312,39 @@ fn device_draw_matches_the_host_draw() {
             for (r, (h, d)) in host.iter().zip(&on_dev).enumerate() {
                 draws += 1;
                 let x = &logits[r * vocab..(r + 1) * vocab];
-                // Each log-prob is its own token's under the full softmax.
-                assert!((d.1 - h.1).abs() <= 1e-4 * (1.0 + h.1.abs()) || h.0 != d.0);
-                if h.0 == d.0 {
+                // Each log-prob is its own token's under the distribution it was drawn from
+                // (greedy: the full softmax), and log S the log of the mass the filters kept.
+                let (order, q, log_s) = match u[r] {
+                    Some(_) => sampled_distribution(x, cfg),
+                    None => sampled_distribution(x, &base),
+                };
+                for (draw, tol, path) in [(h, 2e-5, "host"), (d, 1e-4, "device")] {
+                    let at = order.iter().position(|&i| i == draw.token);
+                    let at = at.unwrap_or_else(|| panic!("{name} {path}: token filtered out"));
+                    let want = q[at].ln();
+                    assert!(
+                        (f64::from(draw.logprob) - want).abs() <= tol * (1.0 + want.abs()),
+                        "{name} {path} {cfg:?} row {r}: log μ {} vs {want}",
+                        draw.logprob
+                    );
+                    let want_s = if u[r].is_some() { log_s } else { 0.0 };
+                    assert!(
+                        (draw.log_kept_mass - want_s).abs() <= tol * (1.0 + want_s.abs()),
+                        "{name} {path} {cfg:?} row {r}: log S {} vs {want_s}",
+                        draw.log_kept_mass
+                    );
+                }
+                if h.token == d.token {
                     continue;
                 }
                 let u = u[r].unwrap_or_else(|| panic!("{name}: greedy picks differ in row {r}"));
                 let (order, cdf) = host_cdf(x, cfg);
                 let at = |t: usize| order.iter().position(|&i| i == t);
-                let a = at(h.0).expect("the host's token is in its own distribution");
-                let b = at(d.0).unwrap_or_else(|| {
+                let a = at(h.token).expect("the host's token is in its own distribution");
+                let b = at(d.token).unwrap_or_else(|| {
                     panic!(
                         "{name} {cfg:?} row {r}: device token {} is filtered out",
-                        d.0
+                        d.token
                     )
                 });
                 let gap = cdf[a.min(b)..a.max(b).max(a.min(b) + 1)]
@@ -320,8 +354,8 @@ fn device_draw_matches_the_host_draw() {
                 assert!(
                     gap <= 1e-6,
                     "{name} {cfg:?} row {r}: host {} vs device {} (u {u}, gap {gap:e})",
-                    h.0,
-                    d.0
+                    h.token,
+                    d.token
                 );
                 near_ties += 1;
             }

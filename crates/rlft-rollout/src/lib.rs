@@ -30,8 +30,8 @@ pub use reward::{
 };
 pub use rollout::{Group, RolloutBatch, RolloutConfig, Trajectory, rollout, rollout_updating};
 pub use sampler::{
-    Completion, FinishReason, KvOnUpdate, SampleOn, Sampler, SamplingConfig, Updated, Updates,
-    WeightUpdate, draw_on_device, draw_on_host,
+    Completion, Draw, FinishReason, KvOnUpdate, SampleOn, Sampler, SamplingConfig, Updated,
+    Updates, WeightUpdate, draw_on_device, draw_on_host,
 };
 pub use scorers::{
     BySource, DapoScore, Gsm8kMethod, ParityReport, Scored, Scorer, check_golden,

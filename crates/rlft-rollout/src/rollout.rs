@@ -39,8 +39,13 @@ pub struct Trajectory {
     pub response_ids: Vec<u32>,
     /// 1 for model-generated tokens (trained on), 0 for observation tokens.
     pub loss_mask: Vec<u8>,
-    /// `log μ` of each model token (0 for observations).
+    /// `log μ` of each model token (0 for observations): under the distribution it was drawn
+    /// from, filtered and renormalised when top-k / min-p / top-p are on.
     pub behaviour_logprobs: Vec<f32>,
+    /// Σ over its model tokens of `log S`, the log of the probability mass the sampling filters
+    /// kept (0 without filters; [`crate::Draw::log_kept_mass`]), summed in f64.
+    #[serde(default)]
+    pub filter_log_mass: f64,
     /// The oldest policy version among its tokens (the version that sampled it, unless new
     /// weights reached the generation midway: [`Trajectory::token_versions`]).
     pub version: u64,
@@ -121,6 +126,8 @@ struct Episode {
     prompt_len: usize,
     loss_mask: Vec<u8>,
     logprobs: Vec<f32>,
+    /// Σ log S over the model's tokens.
+    filter_log_mass: f64,
     versions: Vec<u64>,
     finish: FinishReason,
     truncated: bool,
@@ -202,6 +209,7 @@ pub fn rollout_updating(
                 context: ids.clone(),
                 loss_mask: Vec::new(),
                 logprobs: Vec::new(),
+                filter_log_mass: 0.0,
                 versions: Vec::new(),
                 finish: FinishReason::Length,
                 truncated: false,
@@ -277,6 +285,7 @@ pub fn rollout_updating(
                 e.context.extend(&c.tokens);
                 e.loss_mask.extend(std::iter::repeat_n(1u8, c.tokens.len()));
                 e.logprobs.extend(&c.logprobs);
+                e.filter_log_mass += c.log_kept_mass.iter().map(|&m| f64::from(m)).sum::<f64>();
                 e.turns += 1;
                 e.finish = c.finish_reason;
                 e.truncated = c.finish_reason == FinishReason::Length;
@@ -366,6 +375,7 @@ pub fn rollout_updating(
             response_ids: e.context[e.prompt_len..].to_vec(),
             loss_mask: e.loss_mask,
             behaviour_logprobs: e.logprobs,
+            filter_log_mass: e.filter_log_mass,
             version: oldest,
             token_versions: e.versions,
             finish_reason: e.finish,

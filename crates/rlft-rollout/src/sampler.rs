@@ -9,7 +9,6 @@
 //! batch and from the KV cache, so they stop costing compute.
 
 use crate::{LearnerBatch, Result, RolloutError};
-use burn::config::Config;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -20,107 +19,28 @@ use rlft_model::{
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
+mod config;
 mod device;
 mod host;
 
+pub use config::{SampleOn, SamplingConfig};
 pub use device::draw_on_device;
 pub use host::draw_on_host;
 #[cfg(test)]
 use host::{argmax, sample};
 
-/// Where tokens are drawn from the logits.
-#[derive(
-    schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum SampleOn {
-    /// On the host for a model in host memory (flex, ndarray: the host decode kernels where
-    /// the CPU has them), else on the device.
-    #[default]
-    Auto,
-    /// Logits move to the host every step and tokens are drawn there.
-    Host,
-    /// Every step and the draw run on the model's device (no host decode kernels); only the
-    /// sampled ids and their log-probs leave it.
-    Device,
-}
-
-impl SampleOn {
-    /// Every value with its name, as written in recipes.
-    pub const ALL: [(SampleOn, &'static str); 3] = [
-        (SampleOn::Auto, "auto"),
-        (SampleOn::Host, "host"),
-        (SampleOn::Device, "device"),
-    ];
-}
-
-/// How to sample.
-#[derive(Config, Debug, PartialEq)]
-pub struct SamplingConfig {
-    /// Softmax temperature; `0` is greedy decoding.
-    #[config(default = 1.0)]
-    pub temperature: f64,
-    /// Keep only the `k` most likely tokens (`0`: off).
-    #[config(default = 0)]
-    pub top_k: usize,
-    /// Keep the smallest set of tokens whose probability reaches `top_p` (`1`: off).
-    #[config(default = 1.0)]
-    pub top_p: f64,
-    /// Drop tokens less likely than `min_p` times the most likely one (`0`: off).
-    #[config(default = 0.0)]
-    pub min_p: f64,
-    /// Most tokens to generate per row.
-    #[config(default = 64)]
-    pub max_new_tokens: usize,
-    /// Extra token ids that end a row (besides the tokenizer's EOS ids).
-    #[config(default = "Vec::new()")]
-    pub stop_token_ids: Vec<u32>,
-    /// Strings that end a row as soon as the decoded completion contains one (they may span
-    /// several tokens).
-    #[config(default = "Vec::new()")]
-    pub stop_strings: Vec<String>,
-    /// Keep going past EOS (benchmarks).
-    #[config(default = false)]
-    pub ignore_eos: bool,
-    /// RNG seed: the same seed gives the same tokens on the same device.
-    #[config(default = 0)]
-    pub seed: u64,
-    /// After sampling, recompute `log μ` with one full forward pass over the finished batch in
-    /// the learner's layout ([`LearnerBatch`]: rows packed end to end). Decode steps run other
-    /// matmul shapes than a full pass, so their f32 log-probs differ from the learner's by
-    /// ≈1e-5; rescoring makes μ exactly what the learner computes, for one extra forward pass.
-    #[config(default = false)]
-    pub rescore: bool,
-    /// Where tokens are drawn ([`SampleOn`]); the same seed draws the same tokens either way
-    /// but where two tokens' cumulative probabilities lie within f32 rounding of the variate.
-    #[config(default = "SampleOn::Auto")]
-    pub sample_on: SampleOn,
-}
-
-impl SamplingConfig {
-    /// Checks the ranges.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(RolloutError::Config(m));
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad(format!("temperature must be ≥ 0, got {}", self.temperature));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
-        }
-        if !(0.0..1.0).contains(&self.min_p) {
-            return bad(format!("min_p must be in [0, 1), got {}", self.min_p));
-        }
-        if self.max_new_tokens == 0 {
-            return bad("max_new_tokens must be at least 1".into());
-        }
-        Ok(())
-    }
-
-    /// Whether any filter (top-k, top-p, min-p) makes the sampling distribution differ from the
-    /// tempered softmax the learner recomputes.
-    pub fn has_filters(&self) -> bool {
-        self.top_k > 0 || self.top_p < 1.0 || self.min_p > 0.0
-    }
+/// One drawn token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Draw {
+    /// The token id.
+    pub token: usize,
+    /// `log μ(token)`: its log-prob under the distribution it was drawn from — the tempered
+    /// softmax, or with top-k / min-p / top-p the filtered, renormalised one (greedy decoding:
+    /// the softmax at temperature 1).
+    pub logprob: f32,
+    /// With filters, `log S`: the log of the probability mass the filters kept (≤ 0; the
+    /// full-softmax log-prob is `logprob + log_kept_mass`). 0 without filters.
+    pub log_kept_mass: f64,
 }
 
 /// Why a row stopped.
@@ -140,9 +60,13 @@ pub enum FinishReason {
 pub struct Completion {
     /// Generated token ids (the EOS / stop token included).
     pub tokens: Vec<u32>,
-    /// `log μ(token)` under the full-vocabulary softmax after temperature (for greedy decoding,
-    /// temperature 1).
+    /// `log μ(token)` under the distribution each token was drawn from ([`Draw::logprob`]):
+    /// the softmax after temperature, filtered and renormalised when top-k / min-p / top-p are
+    /// on (for greedy decoding, the softmax at temperature 1).
     pub logprobs: Vec<f32>,
+    /// With sampling filters, `log S` of each token ([`Draw::log_kept_mass`]); empty without.
+    #[serde(default)]
+    pub log_kept_mass: Vec<f32>,
     /// Why it stopped.
     pub finish_reason: FinishReason,
 }
@@ -212,6 +136,8 @@ struct Row {
     index: usize,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    /// `log S` of each token (with sampling filters).
+    log_kept_mass: Vec<f32>,
     /// The policy version that sampled each token.
     versions: Vec<u64>,
     position: i64,
@@ -341,12 +267,15 @@ impl<'a> Sampler<'a> {
                 index,
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
+                log_kept_mass: Vec::new(),
                 versions: Vec::new(),
                 position: p.len() as i64,
                 text: String::new(),
             })
             .collect();
         let mut done: Vec<Option<Completion>> = vec![None; prompts.len()];
+        // A stochastic draw through top-k / min-p / top-p: μ is renormalised, log S recorded.
+        let filtered = cfg.temperature != 0.0 && cfg.has_filters();
         let mut done_versions: Vec<Vec<u64>> = vec![Vec::new(); prompts.len()];
         let mut version = updates.as_ref().map_or(0, |u| u.version);
         // The weights switched to (with their host copies), once an update arrived.
@@ -462,7 +391,7 @@ impl<'a> Sampler<'a> {
                 .map(|_| (cfg.temperature != 0.0).then(|| rng.random::<f64>()))
                 .collect();
             let inv = (1.0 / temperature) as f32;
-            let picks: Vec<(usize, f32)> = match logits {
+            let picks: Vec<Draw> = match logits {
                 StepLogits::Host(mut logits) => {
                     if temperature != 1.0 {
                         logits.par_iter_mut().for_each(|x| *x *= inv);
@@ -481,10 +410,17 @@ impl<'a> Sampler<'a> {
             };
             let mut keep = Vec::with_capacity(rows.len());
             for (r, row) in rows.iter_mut().enumerate() {
-                let (token, logprob) = picks[r];
+                let Draw {
+                    token,
+                    logprob,
+                    log_kept_mass,
+                } = picks[r];
                 debug_assert!(token < vocab);
                 row.tokens.push(token as u32);
                 row.logprobs.push(logprob);
+                if filtered {
+                    row.log_kept_mass.push(log_kept_mass as f32);
+                }
                 row.versions.push(version);
                 on_token(row.index, token as u32);
                 let token = token as u32;
@@ -503,6 +439,7 @@ impl<'a> Sampler<'a> {
                         done[row.index] = Some(Completion {
                             tokens: std::mem::take(&mut row.tokens),
                             logprobs: std::mem::take(&mut row.logprobs),
+                            log_kept_mass: std::mem::take(&mut row.log_kept_mass),
                             finish_reason,
                         });
                     }
@@ -554,7 +491,8 @@ impl<'a> Sampler<'a> {
     }
 
     /// Replaces each completion's log-probs by those of one forward pass over the rows
-    /// `prompt | completion` in the learner's layout ([`LearnerBatch`]).
+    /// `prompt | completion` in the learner's layout ([`LearnerBatch`]); with sampling filters,
+    /// minus each token's `log S` from the draw (the renormalisation).
     fn rescore(
         &self,
         prompts: &[Vec<u32>],
@@ -582,6 +520,9 @@ impl<'a> Sampler<'a> {
             .map_err(|e| RolloutError::Input(format!("log-probs to host: {e:?}")))?;
         for (i, c) in done.iter_mut().enumerate() {
             c.logprobs = batch.unpack(&lp, i, c.tokens.len());
+            for (l, m) in c.logprobs.iter_mut().zip(&c.log_kept_mass) {
+                *l -= m;
+            }
         }
         Ok(())
     }

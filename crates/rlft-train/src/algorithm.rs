@@ -109,6 +109,7 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
         bypass_applies_weights: !registry
             .uses_importance_ratio(&a.loss)
             .map_err(|e| TrainError::Recipe(format!("algorithm.loss: {e}")))?,
+        filtered_sampling: recipe.rollout.filtered(),
     };
     Ok(ResolvedAlgorithm {
         loss: a.loss.clone(),

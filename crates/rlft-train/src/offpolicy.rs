@@ -20,19 +20,24 @@ pub struct OffPolicy {
     pub ratio_reference: RatioReference,
     /// In bypass: whether IS weights multiply the loss (losses without an importance ratio).
     pub bypass_applies_weights: bool,
+    /// Tokens are drawn through top-k / min-p / top-p: μ is the filtered, renormalised
+    /// log-prob, which the learner's full softmax does not reproduce (`π_θ/μ` starts at `S`).
+    pub filtered_sampling: bool,
 }
 
 impl OffPolicy {
     /// Whether the step needs a π_old (π_prox) forward pass: `on_policy` when the batch is used
     /// for one update, `off_policy` when some group was sampled by an older policy (staleness
-    /// above 0, [`crate::rollout_side::admission::staleness`]).
+    /// above 0, [`crate::rollout_side::admission::staleness`]). In auto mode μ stands in for
+    /// π_old only when it is the learner's own distribution: on-policy, and no sampling filter.
     pub fn needs_old_pass(&self, on_policy: bool, off_policy: bool) -> bool {
         match self.mode {
             CorrectionMode::Bypass => false,
             CorrectionMode::Recompute | CorrectionMode::Decoupled => true,
             // Against μ the cumulative ratio needs no π_old.
             CorrectionMode::Auto => {
-                self.ratio_reference == RatioReference::Proximal && (!on_policy || off_policy)
+                self.ratio_reference == RatioReference::Proximal
+                    && (!on_policy || off_policy || self.filtered_sampling)
             }
         }
     }
@@ -115,6 +120,7 @@ mod tests {
             correction: CorrectionConfig::default(),
             ratio_reference: RatioReference::Proximal,
             bypass_applies_weights: false,
+            filtered_sampling: false,
         }
     }
 
@@ -131,6 +137,12 @@ mod tests {
             ..auto
         };
         assert!(!behaviour.needs_old_pass(false, true) && behaviour.anchors_at_behaviour());
+        // μ from a filtered draw is not the learner's distribution: auto computes π_old.
+        let filtered = OffPolicy {
+            filtered_sampling: true,
+            ..plan(CorrectionMode::Auto)
+        };
+        assert!(filtered.needs_old_pass(true, false));
     }
 
     /// Metrics are token-weighted over the batches of a step.

@@ -306,7 +306,9 @@ pub struct RolloutSection {
     pub max_total_tokens: usize,
     /// Sampling temperature (also applied to the learner's logits).
     pub temperature: f64,
-    /// Top-k (0 = off). A filter makes μ differ from the learner's distribution.
+    /// Top-k (0 = off). With any filter μ is the filtered, renormalised distribution's log-prob
+    /// (`rollout/filter_log_mass` logs the kept mass), which the learner's softmax does not
+    /// reproduce: auto correction mode then computes π_old.
     pub top_k: usize,
     /// Top-p (1 = off).
     pub top_p: f64,
@@ -337,6 +339,14 @@ impl Default for RolloutSection {
             sample_on: rlft_rollout::SampleOn::Auto,
             device: None,
         }
+    }
+}
+
+impl RolloutSection {
+    /// Whether tokens are drawn through a filter (top-k, top-p or min-p at a temperature above
+    /// 0): μ is then the filtered, renormalised distribution's log-prob.
+    pub fn filtered(&self) -> bool {
+        self.temperature > 0.0 && (self.top_k > 0 || self.top_p < 1.0 || self.min_p > 0.0)
     }
 }
 

@@ -77,6 +77,13 @@ pub struct RolloutReport {
     pub prompts_skipped: usize,
     /// Generated tokens per second of generation.
     pub tokens_per_s: f64,
+    /// With top-k / min-p / top-p on: the mean over sampled tokens of log S, the log of the
+    /// probability mass the filters kept (μ is renormalised by it).
+    #[serde(
+        rename = "rollout/filter_log_mass",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub filter_log_mass: Option<f64>,
 }
 
 /// Seconds of a step's stages.

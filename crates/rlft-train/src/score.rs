@@ -210,6 +210,10 @@ impl Trainer {
             reward_timeouts: batch.timeouts,
             prompts_skipped: batch.skipped_prompts,
             tokens_per_s: batch.tokens as f64 / batch.generate_secs.max(1e-9),
+            filter_log_mass: self.recipe.rollout.filtered().then(|| {
+                let sum: f64 = trajs.iter().map(|t| t.filter_log_mass).sum();
+                sum / lens.iter().sum::<f64>().max(1.0)
+            }),
         }
     }
 }

@@ -262,13 +262,13 @@ impl Trainer {
             &trainer.recipe.output_dir.join(checkpoint::RECIPE_FILE),
             trainer.state.recipe.as_bytes(),
         )?;
-        if trainer.recipe.rollout.top_k > 0
-            || trainer.recipe.rollout.top_p < 1.0
-            || trainer.recipe.rollout.min_p > 0.0
+        if trainer.recipe.rollout.filtered()
+            && trainer.learner.algo.offpolicy.anchors_at_behaviour()
         {
             eprintln!(
-                "warning: top_k/top_p/min_p filter the sampling distribution, so the behaviour \
-                 log-probs μ are not the learner's tempered softmax; ratios are biased"
+                "warning: top_k/top_p/min_p filter the sampling distribution: μ is its \
+                 renormalised log-prob and the learner's is the full softmax, so a ratio against \
+                 μ starts at S, the kept mass (rollout/filter_log_mass), not 1"
             );
         }
         Ok(trainer)

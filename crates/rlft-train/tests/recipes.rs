@@ -440,6 +440,41 @@ fn bypass_equals_recompute_when_nothing_is_stale() {
     assert!(first(&r, "offpolicy/k3_kl").abs() < 1e-6);
 }
 
+/// With top-k and top-p on, μ is the log-prob under the filtered, renormalised distribution:
+/// every step logs `rollout/filter_log_mass` (mean log S < 0), auto mode computes π_old (μ is
+/// not the learner's distribution), and the measured gap between μ and π_old is exactly log S
+/// (up to the decode pass's rounding). Without filters the key is absent.
+#[test]
+fn filtered_sampling_records_exact_mu_and_its_kept_mass() {
+    let filters = ["rollout.top_p=0.8", "rollout.top_k=20"];
+    let m = quickstart_metrics("filtered", &filters);
+    let steps: Vec<_> = m.iter().filter(|r| r["step"].as_u64() > Some(0)).collect();
+    assert!(!steps.is_empty());
+    for row in steps {
+        let s = row["rollout/filter_log_mass"]
+            .as_f64()
+            .expect("logged every step");
+        assert!(s < 0.0 && s.is_finite(), "log S = {s}");
+        assert!(
+            row.contains_key("time/prox_s"),
+            "auto mode runs the π_old pass"
+        );
+        let kl = row["offpolicy/kl"]
+            .as_f64()
+            .expect("the gap to μ is measured");
+        assert!(
+            (kl.abs() - s.abs()).abs() <= 1e-3 * (1.0 + s.abs()),
+            "offpolicy/kl {kl} vs mean log S {s}"
+        );
+    }
+    let plain = quickstart_metrics("unfiltered", &[]);
+    assert!(
+        plain
+            .iter()
+            .all(|r| !r.contains_key("rollout/filter_log_mass"))
+    );
+}
+
 /// `kl_target` / `kl_horizon` adapt β each step from the measured KL, and the checkpoint keeps
 /// the controller's β.
 #[test]

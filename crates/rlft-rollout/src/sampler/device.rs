@@ -11,12 +11,13 @@
 //! On wgpu and CUDA burn 0.22 sorts on the host, so the filters cost one round trip of the
 //! logits; the unfiltered draw needs no sort.
 
-use super::SamplingConfig;
+use super::{Draw, SamplingConfig};
 use crate::{Result, RolloutError};
 use burn::tensor::{Int, Tensor, TensorData};
 
-/// As [`super::draw_on_host`] on the logits' device ([`SampleOn::Device`](super::SampleOn::Device)): only the tokens
-/// and their log-probs are read back.
+/// As [`super::draw_on_host`] on the logits' device ([`SampleOn::Device`](super::SampleOn::Device)): only the tokens,
+/// their log-probs (under the distribution sampled from) and, with filters, the log of the kept
+/// mass are read back.
 ///
 /// # Shapes
 /// - `logits`: `[rows, vocab]`; `draws`: one per row, all `Some` or all `None`
@@ -27,7 +28,7 @@ pub fn draw_on_device(
     logits: Tensor<2>,
     cfg: &SamplingConfig,
     draws: &[Option<f64>],
-) -> Result<Vec<(usize, f32)>> {
+) -> Result<Vec<Draw>> {
     let [n, v] = logits.dims();
     let device = logits.device();
     let max = logits.clone().max_dim(1);
@@ -41,32 +42,52 @@ pub fn draw_on_device(
         .iter()
         .map(|u| u.map(|u| (u as f32).min(below_one)))
         .collect();
-    let token: Tensor<2, Int> = match uniforms {
-        None => shifted.clone().argmax(1),
+    let to_host = |t: Tensor<2>, what: &str| {
+        t.into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .map_err(|e| RolloutError::Input(format!("{what} to host: {e:?}")))
+    };
+    let (token, lp, log_mass) = match uniforms {
+        None => {
+            let token = shifted.clone().argmax(1);
+            let lp = shifted.gather(1, token.clone()) - log_total;
+            (token, lp, None)
+        }
         Some(u) => {
             let u = Tensor::<2>::from_data(TensorData::new(u, [n, 1]), &device);
             if cfg.has_filters() {
-                filtered(shifted.clone(), cfg, u)
+                // μ under the filtered, renormalised distribution; log S = log of the kept mass.
+                let (token, kept) = filtered(shifted.clone(), cfg, u);
+                let log_kept = kept.log();
+                let lp = shifted.gather(1, token.clone()) - log_kept.clone();
+                (token, lp, Some(log_kept - log_total))
             } else {
-                inverse_cdf(p, u, v)
+                let token = inverse_cdf(p, u, v);
+                let lp = shifted.gather(1, token.clone()) - log_total;
+                (token, lp, None)
             }
         }
     };
-    let lp = shifted.gather(1, token.clone()) - log_total;
     let ids = token
         .into_data()
         .convert::<i64>()
         .try_into_vec::<i64>()
         .map_err(|e| RolloutError::Input(format!("sampled ids to host: {e:?}")))?;
-    let lps = lp
-        .into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| RolloutError::Input(format!("log-probs to host: {e:?}")))?;
+    let lps = to_host(lp, "log-probs")?;
+    let masses = match log_mass {
+        Some(m) => to_host(m, "kept masses")?,
+        None => vec![0.0; n],
+    };
     Ok(ids
         .into_iter()
         .zip(lps)
-        .map(|(t, l)| (t.clamp(0, v as i64 - 1) as usize, l))
+        .zip(masses)
+        .map(|((t, logprob), m)| Draw {
+            token: t.clamp(0, v as i64 - 1) as usize,
+            logprob,
+            log_kept_mass: f64::from(m).min(0.0),
+        })
         .collect())
 }
 
@@ -88,11 +109,13 @@ fn inverse_cdf(w: Tensor<2>, u: Tensor<2>, v: usize) -> Tensor<2, Int> {
     below.min_pair(last)
 }
 
-/// The draw among the tokens kept by top-k, min-p and top-p, as a vocabulary id per row.
+/// The draw among the tokens kept by top-k, min-p and top-p, as a vocabulary id per row, and
+/// the kept tokens' total weight `Σ_kept exp(shifted)`.
 ///
 /// # Shapes
-/// - `shifted`: `[rows, vocab]` logits minus their row maximum, `u`: `[rows, 1]` → `[rows, 1]`
-fn filtered(shifted: Tensor<2>, cfg: &SamplingConfig, u: Tensor<2>) -> Tensor<2, Int> {
+/// - `shifted`: `[rows, vocab]` logits minus their row maximum, `u`: `[rows, 1]` →
+///   `[rows, 1]`, `[rows, 1]`
+fn filtered(shifted: Tensor<2>, cfg: &SamplingConfig, u: Tensor<2>) -> (Tensor<2, Int>, Tensor<2>) {
     let [n, v] = shifted.dims();
     let device = shifted.device();
     let (sorted, order) = shifted.sort_descending_with_indices(1);
@@ -116,8 +139,11 @@ fn filtered(shifted: Tensor<2>, cfg: &SamplingConfig, u: Tensor<2>) -> Tensor<2,
         let before = (w.clone().cumsum(1) - w) / total;
         keep = keep * before.lower_elem(cfg.top_p).float();
     }
-    // At least the most likely token (a top_p that rounds to 0 in f32 would keep none).
+    // The most likely token always stays: first in the order, before it nothing (top-p), at
+    // weight 1 (min-p below 1).
     let kept = keep.clone().sum_dim(1).int().clamp_min(1);
-    let at = inverse_cdf(p * keep, u, v).min_pair(kept - 1);
-    order.gather(1, at)
+    let w = p * keep;
+    let mass = w.clone().sum_dim(1);
+    let at = inverse_cdf(w, u, v).min_pair(kept - 1);
+    (order.gather(1, at), mass)
 }

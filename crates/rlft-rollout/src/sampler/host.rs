@@ -1,19 +1,21 @@
 //! The host draw ([`SampleOn::Host`](super::SampleOn::Host)): tempered softmax, top-k, min-p and top-p on one row of
 //! logits in host memory, the inverse-CDF draw with a running sum in f64, and the token's
-//! log-prob.
+//! log-prob under the distribution it was drawn from.
 
-use super::SamplingConfig;
+use super::{Draw, SamplingConfig};
 use rayon::prelude::*;
 
 /// One token per row drawn on the host from row-major `[rows, vocab]` (temperature-scaled)
 /// logits with the uniform variates `draws` (greedy where `None`): the draw of
-/// [`SampleOn::Host`](super::SampleOn::Host). Returns each token and its log-prob under the full softmax.
+/// [`SampleOn::Host`](super::SampleOn::Host). Each [`Draw`] holds the token's log-prob under the
+/// distribution actually sampled from: the tempered softmax, or with top-k / min-p / top-p the
+/// filtered and renormalised one (then also the log of the kept mass).
 pub fn draw_on_host(
     logits: &[f32],
     vocab: usize,
     cfg: &SamplingConfig,
     draws: &[Option<f64>],
-) -> Vec<(usize, f32)> {
+) -> Vec<Draw> {
     logits
         .par_chunks(vocab)
         .zip(draws)
@@ -30,17 +32,36 @@ pub(super) fn argmax(x: &[f32]) -> usize {
         .0
 }
 
-/// The next token and its log-prob `log softmax(x)[token]` from (temperature-scaled) logits
-/// `x`: greedy without a variate `u`, else drawn as [`sample`] does. One pass of `exp` serves
-/// both the normaliser and the draw.
-fn pick(x: &[f32], cfg: &SamplingConfig, u: Option<f64>) -> (usize, f32) {
-    let (max, p, total) = exp_weights(x);
-    let token = match u {
-        None => argmax(x),
-        Some(u) if !cfg.has_filters() => inverse_cdf(&p, u * total),
-        Some(u) => sample(x, cfg, u),
-    };
-    (token, x[token] - max - total.ln() as f32)
+/// The next token and its log-prob from (temperature-scaled) logits `x`: greedy without a
+/// variate `u` (log-prob under the full softmax), else drawn as [`sample`] does. Without
+/// filters one pass of `exp` serves both the normaliser and the draw; with filters the
+/// log-prob is `x_y − log Σ_kept exp x` and the kept mass `S` is reported, both in f64.
+fn pick(x: &[f32], cfg: &SamplingConfig, u: Option<f64>) -> Draw {
+    match u {
+        Some(u) if cfg.has_filters() => {
+            let (token, kept) = draw_filtered(x, cfg, u);
+            let max = f64::from(x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)));
+            let total: f64 = x.iter().map(|&v| (f64::from(v) - max).exp()).sum();
+            // `kept` is relative to the kept tokens' maximum, which is the row's maximum.
+            Draw {
+                token,
+                logprob: ((f64::from(x[token]) - max) - kept.ln()) as f32,
+                log_kept_mass: (kept.ln() - total.ln()).min(0.0),
+            }
+        }
+        _ => {
+            let (max, p, total) = exp_weights(x);
+            let token = match u {
+                None => argmax(x),
+                Some(u) => inverse_cdf(&p, u * total),
+            };
+            Draw {
+                token,
+                logprob: x[token] - max - total.ln() as f32,
+                log_kept_mass: 0.0,
+            }
+        }
+    }
 }
 
 /// `(max x, exp(x − max), Σ exp(x − max))`: the unnormalised probabilities of logits `x`.
@@ -70,11 +91,18 @@ fn inverse_cdf(p: &[f32], target: f64) -> usize {
 
 /// Draws a token from log-probs (or logits) `lp` with uniform variate `u ∈ [0, 1)`, applying
 /// top-k, min-p and top-p (in that order, as vLLM does) when set.
+#[cfg(test)]
 pub(super) fn sample(lp: &[f32], cfg: &SamplingConfig, u: f64) -> usize {
     if !cfg.has_filters() {
         let (_, p, total) = exp_weights(lp);
         return inverse_cdf(&p, u * total);
     }
+    draw_filtered(lp, cfg, u).0
+}
+
+/// The filtered draw: the token and the kept tokens' total weight `Σ_kept exp(lp − max lp)`
+/// (the most likely token at weight 1), in f64.
+fn draw_filtered(lp: &[f32], cfg: &SamplingConfig, u: f64) -> (usize, f64) {
     let mut idx: Vec<usize> = (0..lp.len()).collect();
     if cfg.top_k > 0 && cfg.top_k < idx.len() {
         idx.select_nth_unstable_by(cfg.top_k - 1, |&a, &b| lp[b].total_cmp(&lp[a]));
@@ -100,13 +128,14 @@ pub(super) fn sample(lp: &[f32], cfg: &SamplingConfig, u: f64) -> usize {
         }
         probs.truncate(keep);
     }
-    let target = u * probs.iter().sum::<f64>();
+    let kept: f64 = probs.iter().sum();
+    let target = u * kept;
     let mut acc = 0.0;
     for (i, p) in probs.iter().enumerate() {
         acc += p;
         if acc > target {
-            return idx[i];
+            return (idx[i], kept);
         }
     }
-    idx[probs.len() - 1]
+    (idx[probs.len() - 1], kept)
 }
