@@ -46,6 +46,21 @@ pub enum RatioReference {
     Behaviour,
 }
 
+/// Which of a row's tokens get loss when new weights reached its generation midway
+/// (interruptible generation: one row, tokens of several versions).
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainVersions {
+    /// Every sampled token.
+    #[default]
+    All,
+    /// Only the tokens sampled by the newest version in the row (slime's
+    /// `mask-offpolicy-in-partial-rollout`); needs `async.interruptible = true`.
+    Current,
+}
+
 /// A threshold as a number (`2.0`) or text (`"0.5_5.0"`).
 #[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -91,6 +106,9 @@ pub struct CorrectionSection {
     pub rejection: Vec<RejectionFilter>,
     /// One threshold for all filters, or a list aligned with `rejection`.
     pub rejection_threshold: Thresholds,
+    /// `all`, or `current`: in a row that new weights reached midway, only the tokens of the
+    /// newest version get loss (async mode with `async.interruptible = true`).
+    pub train_versions: TrainVersions,
 }
 
 impl Default for CorrectionSection {
@@ -102,6 +120,7 @@ impl Default for CorrectionSection {
             is_batch_normalize: false,
             rejection: Vec::new(),
             rejection_threshold: Thresholds::Many(Vec::new()),
+            train_versions: TrainVersions::All,
         }
     }
 }

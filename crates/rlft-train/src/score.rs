@@ -3,6 +3,7 @@
 //! ([`Trainer::prepare`]) — with what the step reports about its rewards and staleness.
 
 use crate::Result;
+use crate::correction::TrainVersions;
 use crate::offpolicy::StepDiagnostics;
 use crate::report::RolloutReport;
 use crate::rollout_side::admission::{staleness, staleness_metrics};
@@ -35,8 +36,21 @@ impl Row {
     }
 
     /// A sampled trajectory's row, with μ as its ratio's anchor until π_old is computed;
-    /// `filtered` (overlong filtering) trains none of its tokens.
-    pub(crate) fn sampled(t: &Trajectory, filtered: bool) -> Self {
+    /// `filtered` (overlong filtering) trains none of its tokens, `current_only` only the
+    /// tokens of the newest policy version that sampled in the row.
+    pub(crate) fn sampled(t: &Trajectory, filtered: bool, current_only: bool) -> Self {
+        let newest = t
+            .token_versions
+            .iter()
+            .zip(&t.loss_mask)
+            .filter(|(_, m)| **m == 1)
+            .map(|(v, _)| *v)
+            .max();
+        let trained = |i: usize, m: u8| {
+            let old = current_only
+                && matches!((t.token_versions.get(i), newest), (Some(&v), Some(n)) if v < n);
+            m == 1 && !filtered && !old
+        };
         Self {
             ids: t
                 .prompt_ids
@@ -48,7 +62,8 @@ impl Row {
             mask: t
                 .loss_mask
                 .iter()
-                .map(|&m| if filtered { 0.0 } else { f32::from(m) })
+                .enumerate()
+                .map(|(i, &m)| if trained(i, m) { 1.0 } else { 0.0 })
                 .collect(),
             old_lp: t.behaviour_logprobs.clone(),
             behaviour_lp: t.behaviour_logprobs.clone(),
@@ -142,6 +157,7 @@ impl Trainer {
                 )
             })
             .transpose()?;
+        let current_only = a.correction.train_versions == TrainVersions::Current;
         let mut rows = Vec::new();
         let mut group_ids = Vec::new();
         let mut rewards = Vec::new();
@@ -151,7 +167,11 @@ impl Trainer {
                 if let Some(p) = &overlong {
                     reward += p.penalty(t.generated_len());
                 }
-                rows.push(Row::sampled(t, a.overlong_filter && t.truncated));
+                rows.push(Row::sampled(
+                    t,
+                    a.overlong_filter && t.truncated,
+                    current_only,
+                ));
                 group_ids.push(gi as u64);
                 rewards.push(reward);
             }
@@ -160,10 +180,15 @@ impl Trainer {
         if !rows.is_empty() {
             self.prepare(&mut rows, &group_ids, &rewards, off_policy, diag)?;
         }
+        let mut staleness = staleness_metrics(version, &oldest, self.recipe.asynchrony.eta());
+        staleness.insert(
+            "staleness/token_age_mean".into(),
+            token_age_mean(version, &trajs),
+        );
         Ok(ScoredBatch {
             rows,
             rollout,
-            staleness: staleness_metrics(version, &oldest, self.recipe.asynchrony.eta()),
+            staleness,
             version_spread,
         })
     }
@@ -218,6 +243,24 @@ impl Trainer {
     }
 }
 
+/// The token-weighted policy age of a batch: the mean over its model tokens of the learner's
+/// `version` minus the version that sampled the token.
+fn token_age_mean(version: u64, trajs: &[&Trajectory]) -> f64 {
+    let (mut sum, mut n) = (0u64, 0u64);
+    for t in trajs {
+        for (v, _) in t
+            .token_versions
+            .iter()
+            .zip(&t.loss_mask)
+            .filter(|(_, m)| **m == 1)
+        {
+            sum += staleness(version, *v);
+            n += 1;
+        }
+    }
+    sum as f64 / n.max(1) as f64
+}
+
 pub(crate) fn mean_std(v: &[f64]) -> (f64, f64) {
     if v.is_empty() {
         return (0.0, 0.0);
@@ -235,4 +278,58 @@ pub(crate) fn is_correct(t: &Trajectory, term: &str) -> f64 {
         .iter()
         .find(|(n, _)| n == term)
         .map_or(0.0, |(_, v)| if *v > 0.0 { 1.0 } else { 0.0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlft_rollout::FinishReason;
+
+    fn trajectory(versions: Vec<u64>, loss_mask: Vec<u8>) -> Trajectory {
+        let n = versions.len();
+        Trajectory {
+            prompt_ids: vec![1, 2],
+            response_ids: vec![5; n],
+            loss_mask,
+            behaviour_logprobs: vec![-0.5; n],
+            filter_log_mass: 0.0,
+            version: versions.iter().copied().min().unwrap_or(0),
+            token_versions: versions,
+            finish_reason: FinishReason::Eos,
+            truncated: false,
+            reward: Some(1.0),
+            reward_terms: Vec::new(),
+            reward_error: None,
+            group_id: 0,
+            completion: String::new(),
+            turns: 1,
+        }
+    }
+
+    /// `train_versions = "current"` keeps loss only on the newest version's model tokens; the
+    /// overlong filter drops every token; observations never train.
+    #[test]
+    fn rows_train_the_tokens_their_settings_allow() {
+        let t = trajectory(vec![3, 3, 4, 4, 5, 5], vec![1, 1, 0, 1, 1, 0]);
+        assert_eq!(
+            Row::sampled(&t, false, false).mask,
+            [1., 1., 0., 1., 1., 0.]
+        );
+        // Version 5 is the newest among model tokens (the last, an observation, is ignored).
+        assert_eq!(Row::sampled(&t, false, true).mask, [0., 0., 0., 0., 1., 0.]);
+        assert_eq!(Row::sampled(&t, true, false).mask, [0.; 6]);
+        let row = Row::sampled(&t, false, false);
+        assert_eq!((row.prompt_len, row.ids.len()), (2, 8));
+        assert_eq!(row.old_lp, t.behaviour_logprobs);
+    }
+
+    /// The token age counts model tokens only, each by the version that sampled it.
+    #[test]
+    fn token_age_is_token_weighted() {
+        let a = trajectory(vec![8, 9, 9], vec![1, 1, 1]);
+        let b = trajectory(vec![10, 7], vec![1, 0]);
+        // Ages at version 10: 2, 1, 1 and 0 (the observation is left out).
+        assert_eq!(token_age_mean(10, &[&a, &b]), 1.0);
+        assert_eq!(token_age_mean(10, &[]), 0.0);
+    }
 }

@@ -226,6 +226,11 @@ fn bad_recipes_fail_before_loading_a_model() {
     };
     assert!(err(&["algorithm.kl_cof=0.1"]).contains("did you mean 'algorithm.kl_coef'"));
     assert!(err(&["rollout.top_p=1.5"]).contains("top_p"));
+    let e = err(&["algorithm.correction.train_versions=\"current\""]);
+    assert!(
+        e.contains("algorithm.correction.train_versions") && e.contains("async.interruptible"),
+        "{e}"
+    );
     // The loss is looked up in the registry the run uses: a name the built-ins lack loads, and
     // the trainer (here `validate`, which it runs first) refuses it, listing the known names.
     let unknown = Recipe::load(&path, &["algorithm.loss=\"grpoo\"".into()]).unwrap();
@@ -586,6 +591,10 @@ fn lagged_mode_of_lag_zero_is_sync_and_lag_two_is_two_versions_old() {
     assert_eq!(at(2, "staleness/hist/1"), 1.0);
     assert_eq!(at(3, "staleness/hist/2"), 1.0);
     assert_eq!(at(3, "staleness/max"), 2.0);
+    // Without partial rollouts every token is as old as its group.
+    for k in 1..=3 {
+        assert_eq!(at(k, "staleness/token_age_mean"), at(k, "staleness/mean"));
+    }
     // Sampling with older weights changes what is learned.
     assert_ne!(strip(&sync)[3], strip(&lag2)[3]);
 }
@@ -668,6 +677,8 @@ fn async_mode_of_eta_zero_is_sync_and_eta_two_stays_within_two_versions() {
             "async.max_staleness=2",
             "async.interruptible=true",
             "async.kv_on_update=\"recompute\"",
+            // Only the newest version's tokens of a row get loss.
+            "algorithm.correction.train_versions=\"current\"",
             // The workers' snapshots on another backend than the learner's (flex).
             "rollout.device=\"ndarray\"",
         ]

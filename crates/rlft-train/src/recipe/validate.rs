@@ -340,6 +340,17 @@ impl Recipe {
                 return bad("rollout.device", e.to_string());
             }
         }
+        if a.correction.train_versions == crate::correction::TrainVersions::Current
+            && self.asynchrony.interruptible().is_none()
+        {
+            return bad(
+                "algorithm.correction.train_versions",
+                "\"current\" masks the tokens older weights sampled in a row that new weights \
+                 reached midway, which only interruptible generation makes: set async.mode = \
+                 \"async\" and async.interruptible = true, or use \"all\""
+                    .into(),
+            );
+        }
         a.check_settings()?;
         if let Some(advantage) = a.advantage {
             self.checked_advantage(advantage)?;
