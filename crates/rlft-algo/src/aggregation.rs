@@ -21,11 +21,15 @@ pub enum LossAggregation {
     SeqMeanTokenMean,
     /// `Σ_i Σ_t L·m / S / T`: Dr.GRPO's constant normaliser (no length bias).
     SeqMeanTokenSumNorm,
+    /// `Σ_i (Σ_t L·m / max(n_i, 1)) / B`: per-sample means summed and divided by the number of
+    /// rows `B`, empty rows included (TRL's `grpo` loss type, slime's sum of sample means over
+    /// the step's global batch size). `global_batch_size` replaces `B` when set.
+    SampleMean,
 }
 
 impl LossAggregation {
     /// All modes with their names, as used in recipes and verl.
-    pub const ALL: [(LossAggregation, &'static str); 5] = [
+    pub const ALL: [(LossAggregation, &'static str); 6] = [
         (LossAggregation::TokenMean, "token-mean"),
         (LossAggregation::TokenSum, "token-sum"),
         (LossAggregation::SeqMeanTokenSum, "seq-mean-token-sum"),
@@ -34,6 +38,7 @@ impl LossAggregation {
             LossAggregation::SeqMeanTokenSumNorm,
             "seq-mean-token-sum-norm",
         ),
+        (LossAggregation::SampleMean, "sample-mean"),
     ];
 }
 
@@ -147,6 +152,12 @@ pub fn aggregate_loss(
                 mask,
                 global,
             )
+        }
+        LossAggregation::SampleMean => {
+            let [b, _] = mask.dims();
+            let n = mask.clone().sum_dim(1).squeeze_dim::<1>(1).clamp_min(1.0);
+            let total = (masked_row_sum(loss_mat, mask) / n).sum();
+            div_scalar(total, global.global_batch_size.unwrap_or(b as f64).max(1.0))
         }
         LossAggregation::SeqMeanTokenSumNorm => {
             let norm = global.loss_scale_factor.unwrap_or(t as f64);
