@@ -21,9 +21,9 @@ pub enum LossAggregation {
     SeqMeanTokenMean,
     /// `Σ_i Σ_t L·m / S / T`: Dr.GRPO's constant normaliser (no length bias).
     SeqMeanTokenSumNorm,
-    /// `Σ_i (Σ_t L·m / max(n_i, 1)) / B`: per-sample means summed and divided by the number of
-    /// rows `B`, empty rows included (TRL's `grpo` loss type, slime's sum of sample means over
-    /// the step's global batch size). `global_batch_size` replaces `B` when set.
+    /// `Σ_i (Σ_t L·m / max(n_i, 1)) / S`: per-sample means with an exact `max(n_i, 1)`
+    /// denominator (TRL's `grpo` loss type, slime's sum of sample means). TRL and slime divide
+    /// by every row of the batch, empty ones included: set `global_batch_size` to it.
     SampleMean,
 }
 
@@ -154,10 +154,8 @@ pub fn aggregate_loss(
             )
         }
         LossAggregation::SampleMean => {
-            let [b, _] = mask.dims();
             let n = mask.clone().sum_dim(1).squeeze_dim::<1>(1).clamp_min(1.0);
-            let total = (masked_row_sum(loss_mat, mask) / n).sum();
-            div_scalar(total, global.global_batch_size.unwrap_or(b as f64).max(1.0))
+            seq_mean(masked_row_sum(loss_mat, mask) / n, mask, global)
         }
         LossAggregation::SeqMeanTokenSumNorm => {
             let norm = global.loss_scale_factor.unwrap_or(t as f64);

@@ -287,3 +287,55 @@ pub fn rejection_sampling(
         filtered_ratio: (n_valid - used.len()) as f64 / denom,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{DType, Device, TensorData};
+
+    fn t2(v: Vec<f64>, b: usize, t: usize) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(v, [b, t]), (&Device::flex(), DType::F64))
+    }
+
+    #[test]
+    fn loglinear_interpolates_by_version() {
+        let lp = t2(vec![0.0; 5], 1, 5);
+        let mu = t2(vec![-1.0; 5], 1, 5);
+        let v = t2(vec![10.0, 9.0, 8.0, 6.0, -1.0], 1, 5);
+        let m = t2(vec![1.0; 5], 1, 5);
+        let p = to_host(&loglinear_prox(&lp, &mu, &v, &m, 10).unwrap()).unwrap();
+        let want = [-1.0, -1.0, -0.5, -0.25, -1.0];
+        for (p, w) in p.iter().zip(want) {
+            assert!((p - w).abs() < 1e-7, "{p} vs {w}");
+        }
+    }
+
+    #[test]
+    fn m2po_drops_the_largest_second_moments() {
+        let mu = t2(vec![0.0, 0.0, 0.0, 0.0], 1, 4);
+        let prox = t2(vec![1.0, 0.1, 0.1, 0.1], 1, 4);
+        let m = t2(vec![1.0; 4], 1, 4);
+        let k = to_host(&m2po_mask(&mu, &prox, &m, 0.05).unwrap()).unwrap();
+        assert_eq!(k, vec![0.0, 1.0, 1.0, 1.0]);
+        assert!(m2po_mask(&mu, &prox, &m, 0.0).is_err());
+    }
+
+    #[test]
+    fn kpop_rejects_far_tokens_and_keeps_them_in_the_count() {
+        let prox = t2(vec![-0.1, -3.0, -1.0, -1.0], 2, 2);
+        let mu = t2(vec![-0.1, -0.1, -1.0, -1.0], 2, 2);
+        let m = t2(vec![1.0, 1.0, 1.0, 0.0], 2, 2);
+        let cfg = RejectionConfig {
+            level: RejectionLevel::Token,
+            metric: RejectionMetric::BinaryKl,
+            agg: RejectionAgg::Mean,
+            upper: 0.5,
+            lower: None,
+        };
+        let r = rejection_sampling(&prox, &mu, &m, &cfg).unwrap();
+        assert_eq!(to_host(&r.mask).unwrap(), vec![1.0, 0.0, 1.0, 0.0]);
+        assert!((r.filtered_fraction - 1.0 / 3.0).abs() < 1e-12);
+        let w = to_host(&r.weight).unwrap();
+        assert!(w[1] == 0.0 && (w[0] - 1.0).abs() < 1e-6);
+    }
+}

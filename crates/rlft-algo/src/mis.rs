@@ -291,3 +291,43 @@ pub fn slime_mis(
         metrics,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{DType, Device, TensorData};
+
+    fn t2(v: Vec<f64>, b: usize, t: usize) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(v, [b, t]), (&Device::flex(), DType::F64))
+    }
+
+    /// Token TIS truncates at the upper bound; the veto drops the row holding a token far below
+    /// the threshold (a log-ratio beyond slime's ±20 safety bound stays finite).
+    #[test]
+    fn truncation_and_veto() {
+        let train = t2(vec![0.0, 1.0, -30.0, 0.0], 2, 2);
+        let rollout = t2(vec![0.0, 0.0, 0.0, 0.0], 2, 2);
+        let m = t2(vec![1.0; 4], 2, 2);
+        let cfg = SlimeMisConfig {
+            tis_level: IsLevel::Token,
+            tis_mode: TisMode::Truncate,
+            tis_lower: None,
+            tis_upper: 2.0,
+            rs: Some((IsLevel::Token, Some(0.0), Some(1e9))),
+            veto: Some(1e-4),
+            batch_normalize: false,
+        };
+        let out = slime_mis(&train, &rollout, &m, &cfg).unwrap();
+        let w = to_host(&out.weights).unwrap();
+        assert_eq!(w[..2], [1.0, 2.0]);
+        assert!(w[2].is_finite() && w[2] > 0.0);
+        assert_eq!(to_host(&out.mask).unwrap(), vec![1.0, 1.0, 0.0, 0.0]);
+        assert_eq!(out.metrics["mis_rs_catastrophic_seq_fraction"], 1.0);
+        let geo = SlimeMisConfig {
+            tis_level: IsLevel::Geometric,
+            batch_normalize: true,
+            ..cfg
+        };
+        assert!(slime_mis(&train, &rollout, &m, &geo).is_err());
+    }
+}

@@ -102,3 +102,37 @@ impl PolicyLoss for PrimeRl {
         Ok(terms)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
+    use crate::masked::to_host;
+    use burn::tensor::{DType, Device, Tensor, TensorData};
+
+    fn t2(v: Vec<f64>, b: usize, t: usize, dev: &Device) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(v, [b, t]), (dev, DType::F64))
+    }
+
+    /// A token whose probability rose by more than δ_high under a positive advantage is masked
+    /// (only the squared log-ratio penalty moves it); an on-policy token is the plain
+    /// `−A·ρ` gradient.
+    #[test]
+    fn masked_tokens_keep_only_the_penalty() {
+        let dev = Device::flex().autodiff();
+        let lp = t2(vec![(0.9f64).ln(), (0.5f64).ln()], 1, 2, &dev).require_grad();
+        let old = t2(vec![(0.5f64).ln(), (0.5f64).ln()], 1, 2, &dev);
+        let adv = t2(vec![1.0, 1.0], 1, 2, &dev);
+        let mask = t2(vec![1.0, 1.0], 1, 2, &dev);
+        let cfg = PolicyLossConfig::new().with_kl_tau(0.1);
+        let input = PolicyLossInput::new(lp.clone(), old, adv, mask);
+        let out = LossRegistry::with_builtins()
+            .compute("prime_rl", &input, &cfg)
+            .unwrap();
+        let g = to_host(&lp.grad(&out.loss.backward()).unwrap()).unwrap();
+        let lr = (0.9f64 / 0.5).ln();
+        assert!((g[0] - 2.0 * 0.1 * lr / 2.0).abs() < 1e-12, "{g:?}");
+        assert!((g[1] + 0.5).abs() < 1e-12, "{g:?}");
+        let masked = to_host(&out.metrics.extras["is_masked"]).unwrap();
+        assert_eq!(masked, vec![0.5]);
+    }
+}

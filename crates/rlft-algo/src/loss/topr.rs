@@ -247,3 +247,47 @@ impl PolicyLoss for Topr {
         Ok(terms)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::AlgoError;
+    use crate::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
+    use crate::masked::to_host;
+    use burn::tensor::{DType, Device, Tensor, TensorData};
+
+    fn t2(v: Vec<f64>, b: usize, t: usize, dev: &Device) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(v, [b, t]), (dev, DType::F64))
+    }
+
+    /// A rewarded row learns as plain REINFORCE; an unrewarded row whose ratio grew above 1 is
+    /// capped at weight 1, one whose ratio shrank keeps it; no scores is an error.
+    #[test]
+    fn positive_rows_are_reinforce_negative_rows_truncated() {
+        let dev = Device::flex().autodiff();
+        let lp = t2(vec![-1.0, -1.0, -0.5, -2.0], 2, 2, &dev).require_grad();
+        let old = t2(vec![-0.5, -1.5, -1.0, -1.0], 2, 2, &dev);
+        let adv = t2(vec![1.0, 1.0, -1.0, -1.0], 2, 2, &dev);
+        let mask = t2(vec![1.0; 4], 2, 2, &dev);
+        let scores = Tensor::from_data(TensorData::new(vec![1.0, 0.0], [2]), (&dev, DType::F64));
+        let cfg = PolicyLossConfig::new();
+        let input = PolicyLossInput::new(lp.clone(), old, adv, mask);
+        let registry = LossRegistry::with_builtins();
+        let err = registry.compute("topr", &input, &cfg).unwrap_err();
+        assert!(matches!(
+            err,
+            AlgoError::MissingInput {
+                input: "scores",
+                ..
+            }
+        ));
+        let out = registry
+            .compute("topr", &input.with_scores(scores), &cfg)
+            .unwrap();
+        let g = to_host(&lp.grad(&out.loss.backward()).unwrap()).unwrap();
+        let w = 2.0 / (2.0 + 1e-8) / 4.0;
+        let want = [-w, -w, w, w * (-1.0f64).exp()];
+        for (g, w) in g.iter().zip(want) {
+            assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+        }
+    }
+}

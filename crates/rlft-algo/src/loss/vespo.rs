@@ -80,3 +80,36 @@ impl PolicyLoss for Vespo {
         Ok(terms)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
+    use crate::masked::to_host;
+    use burn::tensor::{DType, Device, Tensor, TensorData};
+
+    fn t2(v: Vec<f64>, b: usize, t: usize, dev: &Device) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(v, [b, t]), (dev, DType::F64))
+    }
+
+    /// On-policy rows get φ = 1; a row 30 nats off (beyond the +20 clamp) and a row with a
+    /// rejected engine token get a finite φ, and the padding no gradient.
+    #[test]
+    fn phi_is_one_on_policy_and_finite_at_the_clamps() {
+        let dev = Device::flex().autodiff();
+        let lp = t2(vec![-1.0, -1.0, 29.0, 1.0, -1.0, -1.0], 3, 2, &dev).require_grad();
+        let old = t2(vec![-1.0, -1.0, -1.0, 1.0, -1.0, -1.0], 3, 2, &dev);
+        let adv = t2(vec![1.0, 1.0, -1.0, -1.0, 1.0, 1.0], 3, 2, &dev);
+        let mask = t2(vec![1.0, 1.0, 1.0, 0.0, 1.0, 1.0], 3, 2, &dev);
+        let rho = t2(vec![1.0, 1.0, 1.0, 1.0, 0.0, 1.0], 3, 2, &dev);
+        let input = PolicyLossInput::new(lp.clone(), old, adv, mask).with_sampling_is_ratio(rho);
+        let out = LossRegistry::with_builtins()
+            .compute("vespo", &input, &PolicyLossConfig::new())
+            .unwrap();
+        let phi = to_host(&out.metrics.extras["phi_seq"]).unwrap();
+        assert!((phi[0] - 1.0).abs() < 1e-12, "{phi:?}");
+        assert!(phi.iter().all(|p| p.is_finite() && *p >= 0.0), "{phi:?}");
+        let g = to_host(&lp.grad(&out.loss.backward()).unwrap()).unwrap();
+        assert!((g[0] + 1.0 / 5.0).abs() < 1e-12, "{g:?}");
+        assert_eq!(g[3], 0.0);
+    }
+}
