@@ -5,7 +5,6 @@
 //! Each returns a detached keep mask; pass it with
 //! [`PolicyLossInput::with_loss_mask`](crate::loss::PolicyLossInput::with_loss_mask).
 
-use crate::diagnostics::quantile_sorted;
 use crate::logprob::check_bt;
 use crate::masked::{check_shape, from_host, to_host, valid, zero_padding};
 use crate::{AlgoError, Result};
@@ -95,8 +94,9 @@ pub fn opsm_slime(
 }
 
 /// TRL's `get_high_entropy_mask`: keep the valid tokens whose entropy is at least the
-/// `1 − ρ` quantile (linear interpolation, torch's `quantile`) of the valid tokens' entropies.
-/// `ρ = 1` keeps every valid token, `ρ = 0` only the most uncertain ones.
+/// `1 − ρ` quantile of the valid tokens' entropies, computed as torch's `quantile` computes it
+/// on float32 values (linear interpolation with torch's `lerp`). `ρ = 1` keeps every valid
+/// token, `ρ = 0` only the most uncertain ones.
 ///
 /// # Shapes
 /// - `entropy`, `mask`: `[batch, T]` → `[batch, T]` (`1.0`/`0.0`, 0 at padding)
@@ -112,23 +112,36 @@ pub fn top_entropy_mask(entropy: &Tensor<2>, mask: &Tensor<2>, rho: f64) -> Resu
     check_bt("response_mask", mask, dims)?;
     let h = to_host(entropy)?;
     let m = to_host(mask)?;
-    let mut vals: Vec<f64> = h
+    let mut vals: Vec<f32> = h
         .iter()
         .zip(&m)
         .filter(|(_, m)| **m > 0.5)
-        .map(|(h, _)| *h)
+        .map(|(h, _)| *h as f32)
         .collect();
-    vals.sort_by(f64::total_cmp);
+    vals.sort_by(f32::total_cmp);
     let keep: Vec<f64> = if vals.is_empty() {
         vec![0.0; h.len()]
     } else {
-        let thr = quantile_sorted(&vals, 1.0 - rho);
+        let thr = quantile_f32(&vals, (1.0 - rho) as f32);
         h.iter()
             .zip(&m)
-            .map(|(h, m)| f64::from(*m > 0.5 && *h >= thr))
+            .map(|(h, m)| f64::from(*m > 0.5 && (*h as f32) >= thr))
             .collect()
     };
     Ok(from_host(keep, dims, entropy))
+}
+
+/// torch's linear `quantile` of ascending float32 values: rank `q·(n − 1)` and `lerp` in f32.
+fn quantile_f32(sorted: &[f32], q: f32) -> f32 {
+    let rank = q * (sorted.len() - 1) as f32;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    let (a, b) = (sorted[lo], sorted[hi.min(sorted.len() - 1)]);
+    let w = rank - lo as f32;
+    if w < 0.5 {
+        a + w * (b - a)
+    } else {
+        b - (b - a) * (1.0 - w)
+    }
 }
 
 #[cfg(test)]
