@@ -7,6 +7,7 @@
 //! Masks and weights are computed on the host from detached values (AReaL computes them under
 //! `no_grad`); the float32 steps AReaL takes are reproduced in f32.
 
+use crate::loss::PolicyLossInput;
 use crate::masked::{check_shape, from_host, to_host};
 use crate::{AlgoError, Result};
 use burn::tensor::Tensor;
@@ -288,6 +289,82 @@ pub fn rejection_sampling(
     })
 }
 
+/// AReaL's decoupled-loss settings for [`prepare_decoupled`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DecoupledConfig {
+    /// The trainer's current policy version; with per-token versions and no `prox_log_prob`
+    /// the proximal policy is the log-linear approximation.
+    pub current_version: Option<i64>,
+    /// M2PO's threshold on the mean second moment (None: off).
+    pub m2_threshold: Option<f64>,
+    /// Rejection sampling (None: off; AReaL then applies no behaviour weight).
+    pub rejection: Option<RejectionConfig>,
+}
+
+/// [`prepare_decoupled`]'s result.
+#[derive(Debug, Clone)]
+pub struct Decoupled {
+    /// The input to pass to the loss (`ppo` for AReaL's `grpo_loss_fn`).
+    pub input: PolicyLossInput,
+    /// The proximal log-probs used.
+    pub prox_log_prob: Tensor<2>,
+    /// The M2PO mask, when on (it is also `input.response_mask`).
+    pub m2po_mask: Option<Tensor<2>>,
+    /// The rejection result, when on (its weight is also `input.rollout_is_weights`).
+    pub rejection: Option<Rejection>,
+}
+
+/// Prepares a [`PolicyLossInput`] for AReaL's decoupled PPO from one that carries `μ`
+/// (`behaviour_log_prob`, else `old_log_prob`) and either `prox_log_prob` or per-token
+/// `versions`: π_prox becomes the ratio's anchor (`old_log_prob`), M2PO shrinks the response
+/// mask, and rejection sampling's behaviour weight becomes the rollout IS weight (rejected
+/// tokens stay in the denominator).
+pub fn prepare_decoupled(input: PolicyLossInput, cfg: &DecoupledConfig) -> Result<Decoupled> {
+    let mu = input
+        .behaviour_log_prob
+        .clone()
+        .unwrap_or_else(|| input.old_log_prob.clone());
+    let prox = match (&input.prox_log_prob, &input.versions, cfg.current_version) {
+        (Some(p), _, _) => p.clone(),
+        (None, Some(v), Some(cur)) => {
+            loglinear_prox(&input.log_prob, &mu, v, &input.response_mask, cur)?
+        }
+        _ => {
+            return Err(AlgoError::MissingInput {
+                loss: "decoupled PPO".into(),
+                input: "prox_log_prob",
+                hint: "pass the proximal log-probs with PolicyLossInput::with_prox_log_prob, or per-token versions (with_versions) and DecoupledConfig::current_version for the log-linear approximation",
+            });
+        }
+    };
+    let m2po = match cfg.m2_threshold {
+        Some(thr) => Some(m2po_mask(&mu, &prox, &input.response_mask, thr)?),
+        None => None,
+    };
+    let mask = m2po.clone().unwrap_or_else(|| input.response_mask.clone());
+    let rejection = match &cfg.rejection {
+        Some(rc) => Some(rejection_sampling(&prox, &mu, &mask, rc)?),
+        None => None,
+    };
+    let mut out = input;
+    out.old_log_prob = prox.clone();
+    out.response_mask = mask;
+    out.prox_log_prob = Some(prox.clone());
+    out.behaviour_log_prob = Some(mu);
+    if let Some(r) = &rejection {
+        out.rollout_is_weights = Some(match out.rollout_is_weights.take() {
+            Some(w) => w * r.weight.clone(),
+            None => r.weight.clone(),
+        });
+    }
+    Ok(Decoupled {
+        input: out,
+        prox_log_prob: prox,
+        m2po_mask: m2po,
+        rejection,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +372,27 @@ mod tests {
 
     fn t2(v: Vec<f64>, b: usize, t: usize) -> Tensor<2> {
         Tensor::from_data(TensorData::new(v, [b, t]), (&Device::flex(), DType::F64))
+    }
+
+    #[test]
+    fn prepare_needs_a_proximal_policy() {
+        let lp = t2(vec![0.0; 2], 1, 2);
+        let m = t2(vec![1.0; 2], 1, 2);
+        let input = PolicyLossInput::new(lp.clone(), lp.clone(), lp.clone(), m);
+        let err = prepare_decoupled(input.clone(), &DecoupledConfig::default()).unwrap_err();
+        assert!(matches!(
+            err,
+            AlgoError::MissingInput {
+                input: "prox_log_prob",
+                ..
+            }
+        ));
+        let cfg = DecoupledConfig {
+            current_version: Some(3),
+            ..Default::default()
+        };
+        let d = prepare_decoupled(input.with_versions(t2(vec![1.0, 2.0], 1, 2)), &cfg).unwrap();
+        assert_eq!(to_host(&d.prox_log_prob).unwrap(), vec![0.0, 0.0]);
     }
 
     #[test]

@@ -167,6 +167,20 @@ mod tests {
         assert_eq!(to_host(&frac).unwrap(), vec![1.0]);
     }
 
+    /// A NaN behaviour log-prob (an engine glitch) counts as 0 in the row's mean, as TRL's
+    /// `nan_to_num` makes it.
+    #[test]
+    fn opsm_ignores_nan_behaviour_log_probs() {
+        let lp = t2(vec![-1.0, -1.0], 1, 2);
+        let mu = t2(vec![f64::NAN, -0.5], 1, 2);
+        let m = t2(vec![1.0, 1.0], 1, 2);
+        let a = t2(vec![-1.0], 1, 1);
+        let keep = to_host(&opsm_trl(&lp, &mu, &a, &m, 0.3).unwrap()).unwrap();
+        assert_eq!(keep, vec![1.0]);
+        let keep = to_host(&opsm_trl(&lp, &mu, &a, &m, 0.2).unwrap()).unwrap();
+        assert_eq!(keep, vec![0.0]);
+    }
+
     #[test]
     fn top_entropy_keeps_the_quantile() {
         let h = t2(vec![0.1, 0.4, 0.3, 0.2, 9.0, 9.0], 2, 3);

@@ -6,8 +6,8 @@ use crate::case::Case;
 use crate::compare::Compare;
 use burn::tensor::Tensor;
 use rlft_algo::decoupled::{
-    RejectionAgg, RejectionConfig, RejectionLevel, RejectionMetric, loglinear_prox, m2po_mask,
-    rejection_sampling,
+    DecoupledConfig, RejectionAgg, RejectionConfig, RejectionLevel, RejectionMetric,
+    prepare_decoupled,
 };
 use rlft_algo::loss::{LossRegistry, PolicyLossInput};
 use serde_json::Value;
@@ -56,66 +56,53 @@ pub(crate) fn policy_loss(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
     let a = |k: &str| c.opt_num(&["config", "areal", k]);
     let log_prob = c.tensor::<2>("log_prob")?.require_grad();
     let (mask, mask_v) = c.mask()?;
-    let mu = c.tensor::<2>("behave_log_prob")?;
-    let prox = match c.opt_str(&["config", "areal", "prox_logp_method"]) {
-        Some("loglinear") => loglinear_prox(
-            &log_prob,
-            &mu,
-            &c.tensor("versions")?,
-            &mask,
-            a("current_version").unwrap_or(0.0) as i64,
-        )
-        .map_err(|e| c.algo(e))?,
-        Some("recompute") | None => c.tensor("prox_log_prob_input")?,
+    let mut input = PolicyLossInput::new(
+        log_prob.clone(),
+        c.tensor("behave_log_prob")?,
+        c.tensor("advantages")?,
+        mask,
+    )
+    .with_behaviour_log_prob(c.tensor("behave_log_prob")?);
+    match c.opt_str(&["config", "areal", "prox_logp_method"]) {
+        Some("loglinear") => input = input.with_versions(c.tensor("versions")?),
+        Some("recompute") | None => {
+            input = input.with_prox_log_prob(c.tensor("prox_log_prob_input")?)
+        }
         Some(o) => return Err(c.err(format!("prox_logp_method '{o}' has no rlft mapping"))),
+    }
+    let dcfg = DecoupledConfig {
+        current_version: a("current_version").map(|v| v as i64),
+        m2_threshold: a("m2_threshold"),
+        rejection: rejection_config(c)?,
     };
-    let loss_mask = match a("m2_threshold") {
-        Some(thr) => m2po_mask(&mu, &prox, &mask, thr).map_err(|e| c.algo(e))?,
-        None => mask.clone(),
-    };
-    let rejection = match rejection_config(c)? {
-        Some(cfg) => Some(rejection_sampling(&prox, &mu, &loss_mask, &cfg).map_err(|e| c.algo(e))?),
-        None => None,
-    };
+    let d = prepare_decoupled(input, &dcfg).map_err(|e| c.algo(e))?;
     let registry = LossRegistry::with_builtins();
     let mut cfg = registry.resolve("ppo").map_err(|e| c.algo(e))?.config;
     let eps = a("eps_clip").unwrap_or(0.2);
     cfg.clip_ratio_low = eps;
     cfg.clip_ratio_high = a("eps_clip_higher").unwrap_or(eps);
     cfg.dual_clip = a("c_clip");
-    let mut input = PolicyLossInput::new(
-        log_prob.clone(),
-        prox.clone(),
-        c.tensor("advantages")?,
-        loss_mask.clone(),
-    )
-    .with_behaviour_log_prob(mu.clone());
-    if let Some(r) = &rejection {
-        input = input.with_rollout_is_weights(r.weight.clone());
-    }
     let out = registry
-        .compute("ppo", &input, &cfg)
+        .compute("ppo", &d.input, &cfg)
         .map_err(|e| c.algo(e))?;
     let m = out.metrics.read().map_err(|e| c.algo(e))?;
     c.loss_and_grad(cmp, out.loss, &log_prob, "log_prob", Some(&mask_v))?;
-    let mut tensors: Vec<(&str, Tensor<2>, bool)> = vec![("prox_log_prob", prox, true)];
-    if a("m2_threshold").is_some() {
-        tensors.push(("m2po_loss_mask", loss_mask, false));
+    let mut tensors: Vec<(&str, Tensor<2>, bool)> = vec![("prox_log_prob", d.prox_log_prob, true)];
+    if let Some(m2) = d.m2po_mask {
+        tensors.push(("m2po_loss_mask", m2, false));
     }
+    let clipped = m.clip_count_low + m.clip_count_high;
     let mut got = BTreeMap::from([
         ("n_valid_tokens".to_string(), m.valid_tokens),
-        (
-            "clipped_tokens".to_string(),
-            m.clip_count_low + m.clip_count_high,
-        ),
+        ("clipped_tokens".to_string(), clipped),
         ("dual_clipped_tokens".to_string(), m.clip_count_dual),
         ("importance_weight/avg".to_string(), m.ratio_mean),
         (
             "clip_ratio/avg".to_string(),
-            (m.clip_count_low + m.clip_count_high) / m.valid_tokens.max(1.0),
+            clipped / m.valid_tokens.max(1.0),
         ),
     ]);
-    if let Some(r) = rejection {
+    if let Some(r) = d.rejection {
         got.insert("behave_imp_weight/avg".into(), r.weight_mean);
         got.insert("behave_filtered_ratio/avg".into(), r.filtered_ratio);
         got.insert("rs_filtered_fraction".into(), r.filtered_fraction);
