@@ -1,5 +1,6 @@
-//! Forward + backward of every registered policy loss at B = 64, T = 1024 on flex (f32), and
-//! GRPO advantages for the same batch.
+//! Forward + backward of every registered policy loss (the frontier ones included: `vespo`,
+//! `topr`, `prime_rl`, `prime_rl_ipo`, `luspo`) at B = 64, T = 1024 on flex (f32), and GRPO
+//! advantages for the same batch.
 //!
 //! ```text
 //! cargo bench --bench algo
@@ -25,6 +26,7 @@ fn losses(c: &mut Criterion) {
     let reference =
         log_prob.clone() + Tensor::random([B, T], Distribution::Normal(0.0, 0.1), &device);
     let mask = Tensor::<2>::ones([B, T], &device);
+    let scores = Tensor::<1>::random([B], Distribution::Normal(0.0, 1.0), &device);
     let mut group = c.benchmark_group("policy_loss_fwd_bwd_b64_t1024");
     group.sample_size(20);
     for name in registry.names() {
@@ -41,7 +43,8 @@ fn losses(c: &mut Criterion) {
                 let lp = log_prob.clone().detach().require_grad();
                 let input =
                     PolicyLossInput::new(lp.clone(), old.clone(), adv.clone(), mask.clone())
-                        .with_ref_log_prob(reference.clone());
+                        .with_ref_log_prob(reference.clone())
+                        .with_scores(scores.clone());
                 let out = registry.compute(&name, &input, &config).expect("loss runs");
                 let grads = out.loss.backward();
                 lp.grad(&grads)

@@ -1,10 +1,12 @@
-//! Checks rlft against golden reference cases (verl 0.9.1, the CTPO authors' code).
+//! Checks rlft against golden reference cases (verl 0.9.1, the CTPO authors' code, and TRL,
+//! slime, AReaL, ROLL and prime-rl for the frontier off-policy variants).
 //!
 //! ```text
 //! cargo run --release --example parity -- [DIR] [--f32]
 //! ```
 //! DIR is any directory of `rl-golden/v1` cases; it defaults to the verl set kept in this
-//! repository (`tests/golden/verl`; also there: `tests/golden/offpolicy`, `tests/golden/ctpo`).
+//! repository (`tests/golden/verl`; also there: `tests/golden/offpolicy`, `tests/golden/ctpo`,
+//! `tests/golden/frontier`).
 //! Prints each failure and skip with its case id and ends with `N passed, M failed, K skipped`;
 //! exits non-zero when any case fails.
 

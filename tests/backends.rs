@@ -64,8 +64,10 @@ fn run(dev: &Device) -> Vec<(String, Vec<f64>)> {
         let old = t2(values(B * T, 2, -3.0, -0.05), &dev);
         let adv = t2(values(B * T, 3, -1.5, 1.5), &dev);
         let reference = t2(values(B * T, 4, -3.0, -0.05), &dev);
+        let scores = Tensor::<1>::from_data(TensorData::new(values(B, 6, -1.0, 1.0), [B]), &dev);
         let input = PolicyLossInput::new(log_prob.clone(), old, adv, t2(mask.clone(), &dev))
-            .with_ref_log_prob(reference);
+            .with_ref_log_prob(reference)
+            .with_scores(scores);
         let mut config = registry.resolve(&name).unwrap().config;
         config.kl_coef = 0.05;
         let loss = registry

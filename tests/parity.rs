@@ -1,5 +1,5 @@
 //! Reference parity on the golden cases kept in `tests/golden/` (verl 0.9.1; the CTPO authors'
-//! loss code), in f64 (required tolerances) and in f32. Every case must pass: none may be
+//! loss code; TRL, slime, AReaL, ROLL and prime-rl for the frontier off-policy variants), in f64 (required tolerances) and in f32. Every case must pass: none may be
 //! skipped, and every metric the reference reports is compared (a case with a metric rlft does
 //! not report counts as skipped).
 
@@ -46,4 +46,14 @@ fn ctpo_cases_match_the_authors_code_in_f64() {
 #[test]
 fn ctpo_cases_match_the_authors_code_in_f32() {
     check("ctpo", 34, Options::f32());
+}
+
+#[test]
+fn frontier_cases_match_their_anchors_in_f64() {
+    check("frontier", 83, Options::f64());
+}
+
+#[test]
+fn frontier_cases_match_their_anchors_in_f32() {
+    check("frontier", 83, Options::f32());
 }

@@ -56,6 +56,10 @@ pub enum AdvantageEstimator {
         /// The normaliser `f_norm`.
         f_norm: f64,
     },
+    /// MaxRL (prime-rl): `(R − mean_g)/mean_g` over the group's rows that sampled a token, 0
+    /// when `mean_g ≤ 0`; rows without tokens get 0 and stay out of the mean. Computed in f32,
+    /// as prime-rl builds its rewards tensor.
+    MaxRl,
     /// Generalised advantage estimation with a critic's values, whitened over the batch.
     Gae {
         /// Discount γ.
@@ -66,7 +70,7 @@ pub enum AdvantageEstimator {
 }
 
 /// Names accepted by [`AdvantageEstimator::from_name`].
-pub const ESTIMATOR_NAMES: [&str; 11] = [
+pub const ESTIMATOR_NAMES: [&str; 12] = [
     "grpo",
     "dr_grpo",
     "batch_std",
@@ -78,6 +82,7 @@ pub const ESTIMATOR_NAMES: [&str; 11] = [
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "gae",
+    "max_rl",
 ];
 
 impl AdvantageEstimator {
@@ -116,6 +121,7 @@ impl AdvantageEstimator {
                 gamma: 1.0,
                 lam: 0.95,
             },
+            "max_rl" | "maxrl" => AdvantageEstimator::MaxRl,
             _ => {
                 return Err(AlgoError::unknown(
                     "advantage estimator",
@@ -143,6 +149,7 @@ impl AdvantageEstimator {
             AdvantageEstimator::GrpoPassk { .. } => "grpo_passk",
             AdvantageEstimator::Gpg { .. } => "gpg",
             AdvantageEstimator::Gae { .. } => "gae",
+            AdvantageEstimator::MaxRl => "max_rl",
         }
     }
 
@@ -162,6 +169,7 @@ impl AdvantageEstimator {
                 | AdvantageEstimator::GrpoPassk { .. }
                 | AdvantageEstimator::Gpg { .. }
                 | AdvantageEstimator::ReinforcePlusPlusBaseline
+                | AdvantageEstimator::MaxRl
         )
     }
 
@@ -224,6 +232,14 @@ impl AdvantageEstimator {
                         .map(|i| (scores[i] - g.mean_std(i).0) / (std + epsilon))
                         .collect(),
                 ))
+            }
+            AdvantageEstimator::MaxRl => {
+                let ids = input.group_index.as_deref().unwrap_or_default();
+                groups()?;
+                let sampled: Vec<bool> = (0..b)
+                    .map(|i| mask[i * t..(i + 1) * t].iter().any(|m| *m > 0.5))
+                    .collect();
+                same(per_row(max_rl(&scores, ids, &sampled)))
             }
             AdvantageEstimator::Rloo => {
                 let g = groups()?;
@@ -336,6 +352,29 @@ impl AdvantageEstimator {
         };
         Ok(out)
     }
+}
+
+/// MaxRL's per-row advantages in f32 arithmetic (group means over sampled rows, in row order).
+fn max_rl(scores: &[f64], ids: &[u64], sampled: &[bool]) -> Vec<f64> {
+    let mut sums: std::collections::BTreeMap<u64, (f32, f32)> = Default::default();
+    for i in 0..scores.len() {
+        if sampled[i] {
+            let e = sums.entry(ids[i]).or_default();
+            e.0 += scores[i] as f32;
+            e.1 += 1.0;
+        }
+    }
+    (0..scores.len())
+        .map(|i| {
+            let (sum, n) = sums.get(&ids[i]).copied().unwrap_or_default();
+            let mean = if n > 0.0 { sum / n } else { 0.0 };
+            if !sampled[i] || mean <= 0.0 {
+                0.0
+            } else {
+                f64::from((scores[i] as f32 - mean) / mean)
+            }
+        })
+        .collect()
 }
 
 /// Discounted returns-to-go per row, skipping unmasked positions (REINFORCE++, ReMax).

@@ -21,11 +21,15 @@ pub enum LossAggregation {
     SeqMeanTokenMean,
     /// `Σ_i Σ_t L·m / S / T`: Dr.GRPO's constant normaliser (no length bias).
     SeqMeanTokenSumNorm,
+    /// `Σ_i (Σ_t L·m / max(n_i, 1)) / S`: per-sample means with an exact `max(n_i, 1)`
+    /// denominator (TRL's `grpo` loss type, slime's sum of sample means). TRL and slime divide
+    /// by every row of the batch, empty ones included: set `global_batch_size` to it.
+    SampleMean,
 }
 
 impl LossAggregation {
     /// All modes with their names, as used in recipes and verl.
-    pub const ALL: [(LossAggregation, &'static str); 5] = [
+    pub const ALL: [(LossAggregation, &'static str); 6] = [
         (LossAggregation::TokenMean, "token-mean"),
         (LossAggregation::TokenSum, "token-sum"),
         (LossAggregation::SeqMeanTokenSum, "seq-mean-token-sum"),
@@ -34,6 +38,7 @@ impl LossAggregation {
             LossAggregation::SeqMeanTokenSumNorm,
             "seq-mean-token-sum-norm",
         ),
+        (LossAggregation::SampleMean, "sample-mean"),
     ];
 }
 
@@ -147,6 +152,10 @@ pub fn aggregate_loss(
                 mask,
                 global,
             )
+        }
+        LossAggregation::SampleMean => {
+            let n = mask.clone().sum_dim(1).squeeze_dim::<1>(1).clamp_min(1.0);
+            seq_mean(masked_row_sum(loss_mat, mask) / n, mask, global)
         }
         LossAggregation::SeqMeanTokenSumNorm => {
             let norm = global.loss_scale_factor.unwrap_or(t as f64);

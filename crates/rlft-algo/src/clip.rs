@@ -46,11 +46,11 @@ impl ClipRange {
     /// Checks `0 ≤ low < 1`, `high ≥ 0`, `c > 1 + high` ... and, when `require_ordered`,
     /// `high ≥ low` (Clip-Higher never lowers the upper bound).
     pub fn validate(&self, require_ordered: bool) -> Result<()> {
-        if !(self.low.is_finite() && (0.0..1.0).contains(&self.low)) {
+        if !(self.low.is_finite() && (0.0..=1.0).contains(&self.low)) {
             return Err(AlgoError::InvalidSetting {
                 name: "clip_ratio_low",
                 value: self.low,
-                allowed: "must be in [0, 1) (the ratio is clipped below at 1 - clip_ratio_low)",
+                allowed: "must be in [0, 1] (the ratio is clipped below at 1 - clip_ratio_low)",
             });
         }
         if !(self.high.is_finite() && self.high >= 0.0) {
@@ -200,6 +200,15 @@ impl Bounds {
         ratio
             .max_pair(self.lo.clone().expand(dims))
             .min_pair(self.hi.clone().expand(dims))
+    }
+
+    /// `ρ` exactly on a bound.
+    pub(crate) fn at_bound(&self, ratio: &Tensor<2>) -> Tensor<2, Bool> {
+        let dims = ratio.dims();
+        ratio
+            .clone()
+            .equal(self.lo.clone().expand(dims))
+            .bool_or(ratio.clone().equal(self.hi.clone().expand(dims)))
     }
 
     /// `ρ < lo` and `ρ > hi` masks.

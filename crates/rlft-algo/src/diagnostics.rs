@@ -79,6 +79,76 @@ pub fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
     sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
+/// TRL's clip diagnostics (`clip_ratio/low_mean`, `high_mean`, `region_mean`, `low_min`,
+/// `high_max`) from the ratio a loss used: a token (or row) is low-clipped when `ρ < 1 − ε_low`
+/// and `A < 0`, high-clipped when `ρ > 1 + ε_high` and `A > 0`.
+///
+/// Token level (`per_row = false`): means are `Σ x·m / Σ m`; `low_min` / `high_max` are the
+/// min / max over non-empty rows of `Σ_t x·m / n_i`. Row level (`per_row = true`, one ratio
+/// per row read at its first position): means are `Σ_i x_i / B` over every row and the extremes
+/// run over every row.
+///
+/// # Shapes
+/// - `ratio`, `advantages`, `mask`: row-major `[batch, T]` host values with `dims`.
+pub fn trl_clip_ratios(
+    ratio: &[f64],
+    advantages: &[f64],
+    mask: &[f64],
+    dims: [usize; 2],
+    per_row: bool,
+    (eps_low, eps_high): (f64, f64),
+) -> std::collections::BTreeMap<String, f64> {
+    let [b, t] = dims;
+    let flags = |k: usize| {
+        let low = ratio[k] < 1.0 - eps_low && advantages[k] < 0.0;
+        let high = ratio[k] > 1.0 + eps_high && advantages[k] > 0.0;
+        [f64::from(low), f64::from(high), f64::from(low || high)]
+    };
+    let mut sums = [0.0; 3];
+    let mut rows: Vec<[f64; 3]> = Vec::new();
+    let mut count = 0.0;
+    for i in 0..b {
+        if per_row {
+            let f = flags(i * t);
+            (0..3).for_each(|j| sums[j] += f[j]);
+            rows.push(f);
+            count += 1.0;
+            continue;
+        }
+        let mut row = [0.0; 3];
+        let mut n = 0.0;
+        for k in (i * t..(i + 1) * t).filter(|&k| mask[k] > 0.5) {
+            let f = flags(k);
+            (0..3).for_each(|j| row[j] += f[j]);
+            n += 1.0;
+        }
+        (0..3).for_each(|j| sums[j] += row[j]);
+        count += n;
+        if n > 0.0 {
+            rows.push(row.map(|x| x / n));
+        }
+    }
+    let mean = |j: usize| {
+        if count > 0.0 {
+            sums[j] / count
+        } else {
+            f64::NAN
+        }
+    };
+    let low_min = rows.iter().map(|r| r[0]).fold(f64::NAN, f64::min);
+    let high_max = rows.iter().map(|r| r[1]).fold(f64::NAN, f64::max);
+    [
+        ("clip_ratio/low_mean", mean(0)),
+        ("clip_ratio/high_mean", mean(1)),
+        ("clip_ratio/region_mean", mean(2)),
+        ("clip_ratio/low_min", low_min),
+        ("clip_ratio/high_max", high_max),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,12 +14,15 @@ mod dro;
 mod geo_mean;
 mod gpg;
 mod output;
+mod prime;
 mod registry;
 mod reinforce;
 mod reinforce_is;
 mod sapo;
 #[cfg(test)]
 mod tests;
+mod topr;
+mod vespo;
 
 pub use cispo::Cispo;
 pub use clipped::ClippedSurrogate;
@@ -29,10 +32,13 @@ pub use dro::Dro;
 pub use geo_mean::GeoMean;
 pub use gpg::Gpg;
 pub use output::{MetricValues, PolicyLossMetrics, PolicyLossOutput};
+pub use prime::{PrimeMask, PrimeRl};
 pub use registry::{LossRegistry, Preset};
 pub use reinforce::Reinforce;
 pub use reinforce_is::ReinforceIs;
 pub use sapo::Sapo;
+pub use topr::Topr;
+pub use vespo::Vespo;
 
 use crate::aggregation::{GlobalBatchInfo, LossAggregation};
 use crate::clip::{Bounds, ClipRange, CtpoBounds};
@@ -43,6 +49,7 @@ use crate::ratio::{CumulativeGradient, RatioLevel, log_ratio, token_log_ratio};
 use crate::{AlgoError, Result};
 use burn::config::Config;
 use burn::tensor::{Bool, Tensor};
+use std::collections::BTreeMap;
 
 /// Settings shared by all policy losses. A loss reads the fields it needs; presets
 /// ([`LossRegistry::resolve`]) fill them for a named algorithm, and explicit settings override.
@@ -108,6 +115,28 @@ pub struct PolicyLossConfig {
     /// α of the entropy bonus subtracted from the loss (0: off; needs `entropy`).
     #[config(default = 0.0)]
     pub entropy_coef: f64,
+    /// TRL's bias-corrected KL: the reference KL of each token is multiplied by the importance
+    /// ratio `πθ/π_old` at the configured level, not detached (TRL's `use_bias_correction_kl`).
+    #[config(default = false)]
+    pub kl_bias_correction: bool,
+    /// VESPO: `(k, λ)` of the gamma weight for rows with `A ≥ 0` (TRL's defaults 2 and 3).
+    #[config(default = "(2.0, 3.0)")]
+    pub vespo_pos: (f64, f64),
+    /// VESPO: `(k, λ)` of the gamma weight for rows with `A < 0` (TRL's defaults 3 and 2).
+    #[config(default = "(3.0, 2.0)")]
+    pub vespo_neg: (f64, f64),
+    /// TOPR: weights of the rows with a positive and a non-positive score (ROLL's defaults 1, 1).
+    #[config(default = "(1.0, 1.0)")]
+    pub topr_weights: (f64, f64),
+    /// prime-rl: scale of the advantage term (`adv_tau`, default 1).
+    #[config(default = 1.0)]
+    pub adv_tau: f64,
+    /// prime-rl: coefficient of the squared log-ratio penalty (`kl_tau`, default 1e-3).
+    #[config(default = 0.001)]
+    pub kl_tau: f64,
+    /// prime-rl's IPO loss: masks tokens whose probability moved by more than this (default 0.1).
+    #[config(default = 0.1)]
+    pub ipo_threshold: f64,
 }
 
 impl PolicyLossConfig {
@@ -153,10 +182,31 @@ impl PolicyLossConfig {
                 allowed: "must be above clip_cov_lb (defaults 1.0 and 5.0)",
             });
         }
+        let (kp, lp) = self.vespo_pos;
+        let (kn, ln) = self.vespo_neg;
+        for (name, v) in [
+            ("vespo_pos.k", kp),
+            ("vespo_pos.lambda", lp),
+            ("vespo_neg.k", kn),
+            ("vespo_neg.lambda", ln),
+            ("ipo_threshold", self.ipo_threshold),
+        ] {
+            if !v.is_finite() {
+                return Err(AlgoError::InvalidSetting {
+                    name,
+                    value: v,
+                    allowed: "must be finite",
+                });
+            }
+        }
         for (name, v) in [
             ("kl_coef", self.kl_coef),
             ("entropy_coef", self.entropy_coef),
             ("ppo_kl_coef", self.ppo_kl_coef),
+            ("topr_weights.positive", self.topr_weights.0),
+            ("topr_weights.negative", self.topr_weights.1),
+            ("adv_tau", self.adv_tau),
+            ("kl_tau", self.kl_tau),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(AlgoError::InvalidSetting {
@@ -189,6 +239,22 @@ pub struct PolicyLossInput {
     pub entropy: Option<Tensor<2>>,
     /// Normalisers of the whole batch when this is a micro-batch or one rank's share.
     pub global: GlobalBatchInfo,
+    /// A keep mask (or weight) on the per-token policy loss that leaves every normaliser as the
+    /// response mask gives it: off-policy sequence masks, top-entropy masks and rejection
+    /// filters whose rejected tokens stay in the denominator.
+    pub loss_mask: Option<Tensor<2>>,
+    /// `log μ` of the behaviour (rollout / inference) policy, where it differs from
+    /// `old_log_prob`.
+    pub behaviour_log_prob: Option<Tensor<2>>,
+    /// `log π_prox` of a proximal policy (decoupled PPO), where it differs from `old_log_prob`.
+    pub prox_log_prob: Option<Tensor<2>>,
+    /// The policy version that sampled each token (partial rollouts can change it mid-row).
+    pub versions: Option<Tensor<2>>,
+    /// One score (reward) per row, `[batch]`.
+    pub scores: Option<Tensor<1>>,
+    /// The rollout engine's per-token importance ratio `π_old/μ` (0 for rejected tokens, 1 at
+    /// padding), which VESPO folds into its sequence weight over all positions.
+    pub sampling_is_ratio: Option<Tensor<2>>,
 }
 
 impl PolicyLossInput {
@@ -208,7 +274,55 @@ impl PolicyLossInput {
             ref_log_prob: None,
             entropy: None,
             global: GlobalBatchInfo::local(),
+            loss_mask: None,
+            behaviour_log_prob: None,
+            prox_log_prob: None,
+            versions: None,
+            scores: None,
+            sampling_is_ratio: None,
         }
+    }
+
+    /// Multiplies the per-token policy loss by `keep` (a `[batch, T]` or `[batch, 1]` mask or
+    /// weight), leaving the normalisers alone; a second call multiplies the two.
+    pub fn with_loss_mask(mut self, keep: Tensor<2>) -> Self {
+        let [b, t] = self.log_prob.dims();
+        let keep = keep.expand([b as i64, t as i64]);
+        self.loss_mask = Some(match self.loss_mask.take() {
+            Some(k) => k * keep,
+            None => keep,
+        });
+        self
+    }
+
+    /// Adds the behaviour policy's log-probs `log μ`.
+    pub fn with_behaviour_log_prob(mut self, mu: Tensor<2>) -> Self {
+        self.behaviour_log_prob = Some(mu);
+        self
+    }
+
+    /// Adds a proximal policy's log-probs `log π_prox`.
+    pub fn with_prox_log_prob(mut self, prox: Tensor<2>) -> Self {
+        self.prox_log_prob = Some(prox);
+        self
+    }
+
+    /// Adds the per-token policy versions.
+    pub fn with_versions(mut self, v: Tensor<2>) -> Self {
+        self.versions = Some(v);
+        self
+    }
+
+    /// Adds one score per row.
+    pub fn with_scores(mut self, s: Tensor<1>) -> Self {
+        self.scores = Some(s);
+        self
+    }
+
+    /// Adds the rollout engine's per-token importance ratio.
+    pub fn with_sampling_is_ratio(mut self, r: Tensor<2>) -> Self {
+        self.sampling_is_ratio = Some(r);
+        self
     }
 
     /// Adds rollout importance weights.
@@ -244,10 +358,24 @@ impl PolicyLossInput {
             ("rollout_is_weights", &self.rollout_is_weights),
             ("ref_log_prob", &self.ref_log_prob),
             ("entropy", &self.entropy),
+            ("loss_mask", &self.loss_mask),
+            ("behaviour_log_prob", &self.behaviour_log_prob),
+            ("prox_log_prob", &self.prox_log_prob),
+            ("versions", &self.versions),
+            ("sampling_is_ratio", &self.sampling_is_ratio),
         ] {
             if let Some(t) = t {
                 check_bt(name, t, dims)?;
             }
+        }
+        if let Some(s) = &self.scores
+            && s.dims()[0] != dims[0]
+        {
+            return Err(AlgoError::ShapeMismatch {
+                name: "scores",
+                expected: format!("one score per row: [{}]", dims[0]),
+                got: s.dims().to_vec(),
+            });
         }
         Ok(())
     }
@@ -268,6 +396,9 @@ pub struct LossTerms {
     pub clip_counts: Option<[Tensor<1>; 3]>,
     /// The importance ratio the loss used (for min/mean/max metrics); default: token ratio.
     pub ratio: Option<Tensor<2>>,
+    /// Loss-specific detached values under the names their anchor logs them (scalars as
+    /// `[1, 1]`, per-row values as `[batch, 1]`, per-token values as `[batch, T]`).
+    pub extras: BTreeMap<String, Tensor<2>>,
 }
 
 impl LossTerms {
@@ -288,6 +419,7 @@ impl LossTerms {
             clip_frac_dual: None,
             clip_counts: None,
             ratio: None,
+            extras: BTreeMap::new(),
         }
     }
 }
@@ -336,6 +468,15 @@ impl LossContext<'_> {
             self.config.cumulative_gradient,
         )
         .exp()
+    }
+
+    /// The scores per row, or an error naming `loss` that needs them.
+    pub fn scores(&self, loss: &str) -> Result<Tensor<1>> {
+        self.input.scores.clone().ok_or_else(|| AlgoError::MissingInput {
+            loss: loss.into(),
+            input: "scores",
+            hint: "this loss splits rows by their reward: pass one score per row with PolicyLossInput::with_scores",
+        })
     }
 
     /// Masked mean of a condition (a fraction of masked tokens), verl's `masked_mean` semantics.

@@ -23,14 +23,19 @@ pub enum RatioLevel {
     /// CTPO: the prefix product `log ρ_t^cum = Σ_{k≤t} log ρ_k` (or its geometric mean, divided by
     /// the number of tokens so far), which sees how likely the history itself was.
     Cumulative,
+    /// TRL's sequence level (LUSPO, GSPO in TRL): `s_i = exp(mean_t log ρ_t)` on every token,
+    /// unclamped, with the gradient through the whole mean (each valid token of row `i` gets
+    /// `s_i/n_i` per broadcast copy), unlike [`RatioLevel::Sequence`].
+    SequenceMean,
 }
 
 impl RatioLevel {
     /// All levels with their names.
-    pub const ALL: [(RatioLevel, &'static str); 3] = [
+    pub const ALL: [(RatioLevel, &'static str); 4] = [
         (RatioLevel::Token, "token"),
         (RatioLevel::Sequence, "sequence"),
         (RatioLevel::Cumulative, "cumulative"),
+        (RatioLevel::SequenceMean, "sequence_mean"),
     ];
 }
 
@@ -85,6 +90,7 @@ crate::error::impl_names!(
 ///
 /// - token: `clamp(log πθ − log μ, ±20)`;
 /// - sequence (GSPO): `min(sg(mean_t d) + log πθ − sg(log πθ), 10)`;
+/// - sequence mean (TRL): `sum_t d·m / max(n, 1)` broadcast, unclamped, differentiated as it is;
 /// - cumulative (CTPO, as its authors compute it): with `d_k = clamp(log πθ_k − log μ_k, ±20)`,
 ///   `cum_t = Σ_{k≤t} d_k·m_k`, divided by the number of valid tokens so far when
 ///   `geometric_mean`; then `min(cum_t, 10)` with the gradient of `gradient`.
@@ -107,6 +113,10 @@ pub fn log_ratio(
             let seq = (d.sum_dim(1) / n).detach();
             let lp = zero_padding(log_prob, mask);
             (lp.clone() - lp.detach() + seq).clamp_max(SEQ_LOG_RATIO_MAX)
+        }
+        RatioLevel::SequenceMean => {
+            let n = mask.clone().sum_dim(1).clamp_min(1.0);
+            zero_padding(d.sum_dim(1) / n + mask.zeros_like(), mask)
         }
         RatioLevel::Cumulative => {
             let cum = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).cumsum(1);

@@ -2,7 +2,7 @@
 
 use crate::{Options, Outcome};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Relative tolerance for metrics the reference computes in float32 (means of `.float()` masks).
 const F32_METRIC_RTOL: f64 = 1e-6;
@@ -11,27 +11,75 @@ const F32_METRIC_RTOL: f64 = 1e-6;
 pub(crate) struct Compare {
     rtol: f64,
     atol: f64,
+    /// The case's own `tolerance`: `(rtol, atol, output path prefixes)`.
+    case_tol: Option<(f64, f64, Vec<String>)>,
     failures: Vec<String>,
     uncompared: Vec<String>,
+    /// Every output of the reference (`loss`, `grad.log_prob`, `metrics.kl`, ...).
+    expected: BTreeSet<String>,
+    /// The outputs compared so far.
+    seen: BTreeSet<String>,
+}
+
+/// The leaves under a case's `outputs`: tensors and numbers, and each entry of an object of
+/// them (`grad`, `metrics`, `sample_metrics`).
+fn output_paths(outputs: Option<&Value>) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let Some(obj) = outputs.and_then(Value::as_object) else {
+        return out;
+    };
+    for (k, v) in obj {
+        match v.as_object() {
+            Some(inner) if !inner.contains_key("data") => {
+                out.extend(inner.keys().map(|s| format!("{k}.{s}")));
+            }
+            _ => {
+                out.insert(k.clone());
+            }
+        }
+    }
+    out
 }
 
 impl Compare {
-    pub(crate) fn new(o: &Options) -> Self {
+    pub(crate) fn new(o: &Options, case: &Value) -> Self {
+        let case_tol = case.get("tolerance").and_then(|t| {
+            let paths = t
+                .get("paths")?
+                .as_array()?
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|p| p.strip_prefix("outputs.").unwrap_or(p).to_string())
+                .collect();
+            Some((
+                t.get("rtol").and_then(Value::as_f64).unwrap_or(0.0),
+                t.get("atol").and_then(Value::as_f64).unwrap_or(0.0),
+                paths,
+            ))
+        });
         Self {
             rtol: o.rtol,
             atol: o.atol,
+            case_tol,
             failures: Vec::new(),
             uncompared: Vec::new(),
+            expected: output_paths(case.get("outputs")),
+            seen: BTreeSet::new(),
         }
     }
 
-    /// Failed if anything differed; otherwise skipped if a reference metric went uncompared.
-    pub(crate) fn outcome(self) -> Outcome {
+    /// Failed if anything differed; otherwise skipped if a reference output went uncompared.
+    pub(crate) fn outcome(mut self) -> Outcome {
+        for p in self.expected.difference(&self.seen) {
+            if !self.uncompared.contains(p) {
+                self.uncompared.push(p.clone());
+            }
+        }
         if !self.failures.is_empty() {
             Outcome::Failed(self.failures)
         } else if !self.uncompared.is_empty() {
             Outcome::Skipped(format!(
-                "metrics rlft does not report: {}",
+                "outputs rlft does not report: {}",
                 self.uncompared.join(", ")
             ))
         } else {
@@ -39,16 +87,33 @@ impl Compare {
         }
     }
 
-    fn close(&self, got: f64, want: f64, rtol: f64) -> bool {
-        (got - want).abs() <= self.atol + rtol * want.abs()
+    /// `(rtol, atol)` for an output path: the run's, widened by the case's own where one of its
+    /// path prefixes matches.
+    fn tol_for(&self, path: &str) -> (f64, f64) {
+        match &self.case_tol {
+            Some((r, a, paths))
+                if paths
+                    .iter()
+                    .any(|p| path == p || path.starts_with(&format!("{p}."))) =>
+            {
+                (self.rtol.max(*r), self.atol.max(*a))
+            }
+            _ => (self.rtol, self.atol),
+        }
+    }
+
+    fn close_at(got: f64, want: f64, (rtol, atol): (f64, f64)) -> bool {
+        (got - want).abs() <= atol + rtol * want.abs() || (got.is_nan() && want.is_nan())
     }
 
     pub(crate) fn scalar(&mut self, name: &str, got: f64, want: f64) {
-        self.scalar_at(name, got, want, self.rtol);
+        self.seen.insert(name.to_string());
+        let tol = self.tol_for(name);
+        self.scalar_at(name, got, want, tol);
     }
 
-    fn scalar_at(&mut self, name: &str, got: f64, want: f64, rtol: f64) {
-        if !self.close(got, want, rtol) {
+    fn scalar_at(&mut self, name: &str, got: f64, want: f64, tol: (f64, f64)) {
+        if !Self::close_at(got, want, tol) {
             self.failures
                 .push(format!("{name}: rlft {got:e} vs reference {want:e}"));
         }
@@ -66,16 +131,43 @@ impl Compare {
                     .push(format!("metric {key}: reference value {w} is not a number"));
                 continue;
             };
+            let path = format!("metrics.{key}");
             match got.get(key) {
                 Some(g) => {
-                    let rtol = if computed_in_f32(key) {
-                        self.rtol.max(F32_METRIC_RTOL)
-                    } else {
-                        self.rtol
-                    };
-                    self.scalar_at(key, *g, w, rtol);
+                    self.seen.insert(path.clone());
+                    let (mut rtol, atol) = self.tol_for(&path);
+                    if computed_in_f32(key) {
+                        rtol = rtol.max(F32_METRIC_RTOL);
+                    }
+                    self.scalar_at(key, *g, w, (rtol, atol));
                 }
-                None => self.uncompared.push(key.clone()),
+                None => self.uncompared.push(path),
+            }
+        }
+    }
+
+    /// Compares every `[batch]` vector of the reference's `sample_metrics` with rlft's of the
+    /// same name.
+    pub(crate) fn sample_metrics(
+        &mut self,
+        want: Option<&Value>,
+        got: &BTreeMap<String, Vec<f64>>,
+    ) {
+        let Some(want) = want.and_then(Value::as_object) else {
+            return;
+        };
+        for (key, w) in want {
+            let path = format!("sample_metrics.{key}");
+            let data: Option<Vec<f64>> = w
+                .get("data")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_f64).collect());
+            match (got.get(key), data) {
+                (Some(g), Some(d)) => self.tensor(&path, g, &d, None, false),
+                (None, _) => self.uncompared.push(path),
+                (_, None) => self
+                    .failures
+                    .push(format!("{path}: reference value is not a tensor")),
             }
         }
     }
@@ -89,6 +181,8 @@ impl Compare {
         mask: Option<&[f64]>,
         zero_outside: bool,
     ) {
+        self.seen.insert(name.to_string());
+        let tol = self.tol_for(name);
         if got.len() != want.len() {
             self.failures.push(format!(
                 "{name}: rlft has {} elements, reference {}",
@@ -102,7 +196,7 @@ impl Compare {
             // Gradients over a [B, T, V] tensor use the [B, T] mask of their row.
             let inside = mask.is_none_or(|m| m[k * m.len() / got.len()] > 0.5);
             let ok = if inside {
-                self.close(*g, *w, self.rtol)
+                Self::close_at(*g, *w, tol)
             } else {
                 !zero_outside || *g == 0.0
             };
@@ -126,7 +220,11 @@ impl Compare {
     }
 }
 
-/// Metrics verl computes as means of `.float()` (float32) masks: fractions and rates.
+/// Metrics the references compute as means of `.float()` (float32) masks: fractions, rates and
+/// ROLL's sample ratios.
 fn computed_in_f32(key: &str) -> bool {
-    key.contains("fraction") || key.ends_with("oob_ratio")
+    key.contains("fraction")
+        || key.ends_with("oob_ratio")
+        || key.ends_with("_ratio")
+        || key.ends_with("clipfrac")
 }

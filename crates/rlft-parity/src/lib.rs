@@ -5,9 +5,13 @@
 //! A test tool, not part of the library users link: `tests/parity.rs` and
 //! `examples/parity.rs` use it.
 //!
-//! Case kinds: `policy_loss` (verl's losses, its `bypass_mode`, and the CTPO authors'
-//! `cum-token-*` losses), `advantage`, `kl_penalty`, `entropy`, `logprob`, `value_loss` and
-//! `rollout_correction`.
+//! Case kinds: `policy_loss` (verl's losses, its `bypass_mode`, the CTPO authors'
+//! `cum-token-*` losses, and the namespaced `trl/*`, `slime/*`, `areal/*`, `roll/*` and
+//! `prime_rl/*` modes), `advantage` (verl's estimators and `prime_rl/max_rl`), `kl_penalty`,
+//! `entropy`, `logprob`, `value_loss` and `rollout_correction`. Routing is by `kind` and
+//! `config.loss_mode` / `config.estimator` only; a namespaced mode without a mapping is an
+//! error, never verl's. Every key under `outputs` must be compared, or the case is skipped;
+//! a case's own `tolerance` widens the run's for the output paths it lists.
 //!
 //! ```no_run
 //! let dir = rlft_parity::golden_dir("verl");
@@ -17,10 +21,14 @@
 
 #![warn(missing_docs)]
 
+mod anchors;
+mod areal;
 mod case;
 mod compare;
 mod ctpo;
 mod offpolicy;
+mod slime;
+mod trl;
 mod verl;
 
 use burn::tensor::{DType, Device};
@@ -204,15 +212,31 @@ pub fn run_file(path: &Path, opts: &Options) -> Result<Outcome> {
 /// Runs one parsed case.
 pub fn run_case(case: &Value, opts: &Options) -> Result<Outcome> {
     let c = Case::new(case, opts)?;
-    let mut cmp = Compare::new(opts);
+    let mut cmp = Compare::new(opts, case);
     match c.str(&["kind"])? {
         "policy_loss" => match c.str(&["config", "loss_mode"])? {
             "bypass_mode" => offpolicy::bypass_loss(&c, &mut cmp)?,
             m if ctpo::is_ctpo(m) => ctpo::policy_loss(&c, &mut cmp)?,
-            _ => verl::policy_loss(&c, &mut cmp)?,
+            m => match m.split_once('/') {
+                Some(("trl", _)) => trl::policy_loss(&c, &mut cmp)?,
+                Some(("slime", _)) => slime::policy_loss(&c, &mut cmp)?,
+                Some(("areal", _)) => areal::policy_loss(&c, &mut cmp)?,
+                Some(("roll", _)) => anchors::roll_topr(&c, &mut cmp)?,
+                Some(("prime_rl", _)) => anchors::prime_rl(&c, &mut cmp)?,
+                Some((anchor, _)) => {
+                    return Err(c.err(format!("no rlft mapping for anchor '{anchor}' ({m})")));
+                }
+                None => verl::policy_loss(&c, &mut cmp)?,
+            },
         },
         "rollout_correction" => offpolicy::correction_case(&c, &mut cmp)?,
-        "advantage" => verl::advantage(&c, &mut cmp)?,
+        "advantage" => match c.str(&["config", "estimator"])? {
+            "prime_rl/max_rl" => anchors::max_rl(&c, &mut cmp)?,
+            e if e.contains('/') => {
+                return Err(c.err(format!("no rlft mapping for advantage estimator '{e}'")));
+            }
+            _ => verl::advantage(&c, &mut cmp)?,
+        },
         "kl_penalty" => verl::kl(&c, &mut cmp)?,
         "entropy" => verl::entropy(&c, &mut cmp)?,
         "logprob" => verl::logprob(&c, &mut cmp)?,
@@ -223,8 +247,9 @@ pub fn run_case(case: &Value, opts: &Options) -> Result<Outcome> {
 }
 
 /// The copy of a golden set kept in this repository: `tests/golden/<set>` with `set` one of
-/// `verl` (368 verl 0.9.1 cases), `offpolicy` (64 verl rollout-correction and bypass cases) or
-/// `ctpo` (34 cases from the CTPO authors' loss code).
+/// `verl` (368 verl 0.9.1 cases), `offpolicy` (64 verl rollout-correction and bypass cases),
+/// `ctpo` (34 cases from the CTPO authors' loss code) or `frontier` (83 cases from TRL 1.16,
+/// slime, AReaL, ROLL and prime-rl at the commits in its `SCHEMA.md`).
 pub fn golden_dir(set: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/golden")

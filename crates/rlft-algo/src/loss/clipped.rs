@@ -7,7 +7,8 @@ use crate::Result;
 
 /// `L = max(−A·ρ, −A·clip(ρ, lo, hi))`, and for `A < 0` with dual clip `c`: `min(L, −A·c)`.
 ///
-/// The ratio `ρ` is taken at the configured [`RatioLevel`](crate::RatioLevel).
+/// The ratio `ρ` is taken at the configured [`RatioLevel`](crate::RatioLevel). Extra
+/// `clipped` (`[batch, T]`): 1 where the clipped branch is the larger.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ClippedSurrogate {
     /// Use CTPO's position-adaptive bounds instead of `[1 − ε_low, 1 + ε_high]`.
@@ -25,9 +26,22 @@ impl PolicyLoss for ClippedSurrogate {
         let unclipped = neg_adv.clone() * ratio.clone();
         let clipped = neg_adv.clone() * bounds.clip(ratio.clone());
         let clip_active = clipped.clone().greater(unclipped.clone());
-        let loss = unclipped.mask_where(clip_active.clone(), clipped);
+        // Where ρ sits exactly on a bound (ε = 0 and ρ = 1) both branches are equal: torch's
+        // `maximum` gives each half the gradient and the clamp passes none.
+        let tie = clipped
+            .clone()
+            .equal(unclipped.clone())
+            .bool_and(bounds.at_bound(&ratio));
+        let half = (clipped.clone().detach() + unclipped.clone()) * 0.5;
+        let loss = unclipped
+            .mask_where(clip_active.clone(), clipped)
+            .mask_where(tie, half);
         let (a_neg, a_pos) = ctx.advantage_signs();
         let mut terms = LossTerms::per_token(loss.clone());
+        terms.extras.insert(
+            "clipped".into(),
+            clip_active.clone().float().cast(ratio.dtype()).detach(),
+        );
         let high = clip_active.clone().bool_and(a_pos);
         let low = clip_active.bool_and(a_neg.clone());
         terms.clip_frac_high = Some(ctx.fraction(high.clone()));

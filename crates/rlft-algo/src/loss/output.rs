@@ -6,10 +6,11 @@
 use super::{LossContext, LossTerms, LossValue};
 use crate::aggregation::aggregate_loss;
 use crate::kl::kl_penalty;
-use crate::masked::{masked_mean, masked_sum, to_host, valid};
+use crate::masked::{masked_mean, masked_sum, to_host, valid, zero_padding};
 use crate::ratio::LOG_RATIO_CLAMP;
 use crate::{AlgoError, Result};
 use burn::tensor::Tensor;
+use std::collections::BTreeMap;
 
 /// The loss to differentiate, and its metrics.
 #[derive(Debug, Clone)]
@@ -60,6 +61,9 @@ pub struct PolicyLossMetrics {
     pub kl: Option<Tensor<1>>,
     /// Mean entropy over masked tokens (when `entropy` was given).
     pub entropy: Option<Tensor<1>>,
+    /// Loss-specific values under their anchor's names (see [`super::LossTerms::extras`]),
+    /// read with [`read_extras`](PolicyLossMetrics::read_extras).
+    pub extras: BTreeMap<String, Tensor<2>>,
 }
 
 /// [`PolicyLossMetrics`] read back to the host.
@@ -142,6 +146,14 @@ impl PolicyLossMetrics {
         })
     }
 
+    /// Every loss-specific value read back to the host (row-major).
+    pub fn read_extras(&self) -> Result<BTreeMap<String, Vec<f64>>> {
+        self.extras
+            .iter()
+            .map(|(k, t)| Ok((k.clone(), to_host(t)?)))
+            .collect()
+    }
+
     /// The importance ratios of the masked tokens, sorted ascending (for quantiles).
     pub fn valid_ratios(&self) -> Result<Vec<f64>> {
         let r = to_host(&self.ratios)?;
@@ -168,6 +180,10 @@ pub(super) fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLo
                 Some(w) => loss * w.clone(),
                 None => loss,
             };
+            let loss = match &input.loss_mask {
+                Some(keep) => loss * keep.clone(),
+                None => loss,
+            };
             aggregate_loss(
                 loss,
                 mask,
@@ -187,6 +203,11 @@ pub(super) fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLo
                 cfg.kl_estimator,
                 Some(mask),
             )?;
+            let kl = if cfg.kl_bias_correction {
+                zero_padding(kl * ctx.ratio(), mask)
+            } else {
+                kl
+            };
             if cfg.kl_coef > 0.0 {
                 loss = loss
                     + aggregate_loss(kl.clone(), mask, cfg.aggregation, &input.global)?
@@ -258,6 +279,7 @@ pub(super) fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLo
         ratio_max: ratio.mask_fill(pad, f64::NEG_INFINITY).max(),
         kl,
         entropy,
+        extras: terms.extras,
     };
     Ok(PolicyLossOutput { loss, metrics })
 }

@@ -2,7 +2,8 @@
 
 use super::{
     Cispo, ClipCov, ClippedSurrogate, Dppo, DppoDivergence, Dro, GeoMean, Gpg, KlCov, PolicyLoss,
-    PolicyLossConfig, PolicyLossInput, PolicyLossOutput, Reinforce, ReinforceIs, Sapo,
+    PolicyLossConfig, PolicyLossInput, PolicyLossOutput, PrimeMask, PrimeRl, Reinforce,
+    ReinforceIs, Sapo, Topr, Vespo,
 };
 use crate::advantage::AdvantageEstimator;
 use crate::aggregation::LossAggregation;
@@ -90,8 +91,8 @@ impl LossRegistry {
     }
 
     /// The built-in losses (`ppo`, `gspo`, `cispo`, `ctpo`, `geo_mean`, `gpg`, `reinforce`,
-    /// `reinforce_is`, `dro`, `sapo`, `clip_cov`, `kl_cov`, `dppo_tv`, `dppo_kl`) and presets
-    /// (`grpo`, `dr_grpo`, `dapo`).
+    /// `reinforce_is`, `dro`, `sapo`, `clip_cov`, `kl_cov`, `dppo_tv`, `dppo_kl`, `vespo`, `topr`,
+    /// `prime_rl`, `prime_rl_ipo`) and presets (`grpo`, `dr_grpo`, `dapo`, `luspo`).
     pub fn with_builtins() -> Self {
         use LossAggregation::*;
         let mut r = Self::empty();
@@ -131,7 +132,29 @@ impl LossRegistry {
                 divergence: DppoDivergence::BinaryKl,
             },
         );
+        r.register("vespo", Vespo);
+        r.register("topr", Topr);
+        r.register(
+            "prime_rl",
+            PrimeRl {
+                mask: PrimeMask::Dppo,
+            },
+        );
+        r.register(
+            "prime_rl_ipo",
+            PrimeRl {
+                mask: PrimeMask::Ipo,
+            },
+        );
         let presets = [
+            // TRL's LUSPO: PPO-clip on the sequence-mean ratio (gradient through the mean),
+            // each row's token sum averaged over the rows.
+            Preset::new("luspo", "ppo").with(|c| {
+                c.with_ratio_level(RatioLevel::SequenceMean)
+                    .with_clip_ratio_high(0.28)
+                    .with_aggregation(SeqMeanTokenSum)
+            }),
+            Preset::new("vespo", "vespo"),
             Preset::new("ppo", "ppo").with_advantage(AdvantageEstimator::Gae {
                 gamma: 1.0,
                 lam: 0.95,

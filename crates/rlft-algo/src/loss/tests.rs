@@ -28,12 +28,17 @@ fn batch(dev: &Device) -> PolicyLossInput {
     } else {
         lp
     };
+    let scores = Tensor::from_data(
+        TensorData::new(vec![1.0, 0.0, -1.0], [b]),
+        (dev, DType::F64),
+    );
     PolicyLossInput::new(
         lp,
         t2(old, b, t, dev),
         t2(adv, b, t, dev),
         t2(mask, b, t, dev),
     )
+    .with_scores(scores)
 }
 
 fn loss_and_grad(name: &str, cfg: &PolicyLossConfig) -> (f64, Vec<f64>) {

@@ -1,0 +1,293 @@
+//! TOPR, tapered off-policy REINFORCE (ROLL's `pg_variant="topr"`): plain REINFORCE on rows
+//! with a positive reward, REINFORCE weighted by the ratio truncated to `[0, 1]` on the others.
+
+use super::{LossContext, LossTerms, LossValue, PolicyLoss};
+use crate::aggregation::LossAggregation;
+use crate::masked::{COUNT_EPS, zero_padding};
+use crate::{AlgoError, Result};
+use burn::tensor::Tensor;
+
+/// `L = w⁺·(−A·log πθ)` on rows with score `> 0`, `w⁻·(−sg(clamp(ρ, 0, 1))·A·log πθ)` on rows
+/// with score `≤ 0` (`ρ = πθ/π_old` unclamped, `(w⁺, w⁻)` the config's `topr_weights`).
+///
+/// TOPR reduces its loss itself with ROLL's `agg_loss` and per-row sample weights
+/// `B·1/(B + 1e-8)` (uniform weights normalised as ROLL does), `N` = `batch_num_tokens` and
+/// `G` = `global_batch_size` (local counts when unset):
+/// - `token-mean`: `Σ_i w_i Σ_t L·m / N`;
+/// - `seq-mean-token-mean`: `Σ_i w_i [n_i>0] (Σ_t L·m / (n_i + 1e-8)) / (G + 1e-8)`;
+/// - `seq-mean-token-sum`: `Σ_i w_i [n_i>0] Σ_t L·m / (G + 1e-8)`;
+/// - `seq-mean-token-sum-norm`: `Σ_i w_i [n_i>0] Σ_t L·m / T` (`loss_scale_factor` replaces T).
+///
+/// Rollout IS weights and the loss mask multiply `L` before the reduction. Extras: ROLL's
+/// `actor/*` metrics (see the docs' stale-samples chapter).
+///
+/// # Shapes
+/// - scores `[batch]`, every other input `[batch, T]`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Topr;
+
+/// ROLL's `agg_loss` with optional per-row weights (`[batch, 1]`) and normalisers.
+fn roll_agg(
+    loss: Tensor<2>,
+    mask: &Tensor<2>,
+    mode: LossAggregation,
+    weights: Option<&Tensor<2>>,
+    tokens: Option<f64>,
+    samples: Option<f64>,
+    width: Option<f64>,
+) -> Result<Tensor<1>> {
+    let [_, t] = mask.dims();
+    let rows = zero_padding(loss, mask).sum_dim(1);
+    let rows = match weights {
+        Some(w) => rows * w.clone(),
+        None => rows,
+    };
+    let n = mask.clone().sum_dim(1);
+    let nonempty = n.clone().greater_elem(0.5).float().cast(mask.dtype());
+    let g = || match samples {
+        Some(g) => n.zeros_like().sum() + g,
+        None => nonempty.clone().sum(),
+    };
+    let out = match mode {
+        LossAggregation::TokenMean => {
+            let total = rows.sum();
+            match tokens {
+                Some(n) => total * (1.0 / n.max(1.0)),
+                None => total / mask.clone().sum().clamp_min(1.0),
+            }
+        }
+        LossAggregation::SeqMeanTokenMean => {
+            (rows / (n.clone() + COUNT_EPS) * nonempty.clone()).sum() / (g() + COUNT_EPS)
+        }
+        LossAggregation::SeqMeanTokenSum => (rows * nonempty.clone()).sum() / (g() + COUNT_EPS),
+        LossAggregation::SeqMeanTokenSumNorm => {
+            (rows * nonempty.clone()).sum() * (1.0 / width.unwrap_or(t as f64))
+        }
+        other => {
+            return Err(AlgoError::InvalidSpec {
+                name: "loss aggregation".into(),
+                value: other.to_string(),
+                allowed: "TOPR reduces with ROLL's agg_loss: token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm".into(),
+            });
+        }
+    };
+    Ok(out.reshape([1]))
+}
+
+impl PolicyLoss for Topr {
+    fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms> {
+        let input = ctx.input;
+        let cfg = ctx.config;
+        let mask = &input.response_mask;
+        let [b, _] = mask.dims();
+        let scores = ctx.scores("topr")?;
+        let dtype = input.log_prob.dtype();
+        let pos = scores.clone().greater_elem(0.0).float().cast(dtype);
+        let neg = pos.clone().neg() + 1.0;
+        let pos2: Tensor<2> = pos.clone().unsqueeze_dim(1);
+        let neg2: Tensor<2> = neg.clone().unsqueeze_dim(1);
+        let adv = zero_padding(input.advantages.clone(), mask);
+        let lp = zero_padding(input.log_prob.clone(), mask);
+        let log_r = ctx.token_log_ratio();
+        let ratio = log_r.clone().exp();
+        let truncated = ratio.clone().clamp(0.0, 1.0).detach();
+        let pos_loss = (adv.clone() * lp.clone()).neg() * pos2.clone();
+        let neg_loss = (truncated * adv * lp).neg() * neg2.clone();
+        let (wp, wn) = cfg.topr_weights;
+        let loss = pos_loss.clone() * wp + neg_loss.clone() * wn;
+        let loss = match &input.rollout_is_weights {
+            Some(w) => loss * w.clone(),
+            None => loss,
+        };
+        let loss = match &input.loss_mask {
+            Some(k) => loss * k.clone(),
+            None => loss,
+        };
+        let global = &input.global;
+        let (tokens, samples, width) = (
+            global.batch_num_tokens,
+            global.global_batch_size,
+            global.loss_scale_factor,
+        );
+        let weights = pos2.ones_like() * (b as f64 / (b as f64 + COUNT_EPS));
+        let mode = cfg.aggregation;
+        let agg = |x: Tensor<2>, m: &Tensor<2>, w: Option<&Tensor<2>>| {
+            roll_agg(x, m, mode, w, tokens, samples, width)
+        };
+        let total = agg(loss.clone(), mask, Some(&weights))?;
+        let d = || -> Result<Vec<(&'static str, Tensor<1>)>> {
+            let det = |x: Tensor<2>| x.detach();
+            let n = mask.clone().sum_dim(1);
+            let g = match samples {
+                Some(g) => n.zeros_like().sum() + g,
+                None => n.clone().greater_elem(0.5).float().cast(dtype).sum(),
+            };
+            let valid = mask.clone().greater_elem(0.5);
+            let r = det(ratio.clone());
+            let lr = det(log_r.clone());
+            let kl_x = match &input.ref_log_prob {
+                Some(rf) => {
+                    let x = zero_padding(rf.clone() - input.log_prob.clone().detach(), mask);
+                    Some((x.clone().exp() - x - 1.0).clamp(-10.0, 10.0))
+                }
+                None => None,
+            };
+            let pos_mask = mask.clone() * pos2.clone();
+            let neg_mask = mask.clone() * neg2.clone();
+            let rows = |x: Tensor<1>| x * (1.0 / b.max(1) as f64);
+            let scores_mean = rows(scores.clone().sum());
+            let centered = scores.clone() - scores_mean.clone();
+            let std = (centered.square().sum() * (1.0 / (b.max(2) - 1) as f64)).sqrt();
+            let mut v = vec![
+                (
+                    "actor/ratio_mean@sum",
+                    roll_agg(
+                        r.clone(),
+                        mask,
+                        LossAggregation::SeqMeanTokenMean,
+                        None,
+                        None,
+                        samples,
+                        None,
+                    )?,
+                ),
+                ("actor/ratio_max@max", zero_padding(r.clone(), mask).max()),
+                (
+                    "actor/ratio_min@min",
+                    r.clone().mask_fill(valid.bool_not(), 1e10).min(),
+                ),
+                ("actor/pg_loss@sum", agg(det(loss.clone()), mask, None)?),
+                ("actor/weighted_pg_loss@sum", total.clone().detach()),
+                ("actor/total_loss@sum", total.clone().detach()),
+                (
+                    "actor/approxkl@sum",
+                    agg(lr.clone().square() * 0.5, mask, None)?,
+                ),
+                ("actor/policykl@sum", agg(lr, mask, None)?),
+                ("actor/valid_samples@sum", g.clone()),
+                ("actor/total_samples@sum", g.zeros_like() + b as f64),
+                ("actor/valid_sample_ratio", g * (1.0 / b.max(1) as f64)),
+                ("actor/sample_weights_mean", rows(weights.clone().sum())),
+                ("actor/sample_weights_min", weights.clone().min()),
+                ("actor/sample_weights_max", weights.clone().max()),
+                ("actor/topr_positive_samples@sum", pos.clone().sum()),
+                ("actor/topr_negative_samples@sum", neg.clone().sum()),
+                (
+                    "actor/topr_positive_ratio",
+                    pos.clone().sum() * (1.0 / (b as f64 + COUNT_EPS)),
+                ),
+                (
+                    "actor/topr_negative_ratio",
+                    neg.clone().sum() * (1.0 / (b as f64 + COUNT_EPS)),
+                ),
+                ("actor/topr_scores_mean", scores_mean.clone()),
+                ("actor/topr_scores_std", std),
+                ("actor/topr_positive_weight", scores_mean.zeros_like() + wp),
+                ("actor/topr_negative_weight", scores_mean.zeros_like() + wn),
+                (
+                    "actor/topr_positive_loss",
+                    roll_agg(
+                        det(pos_loss.clone()),
+                        &pos_mask,
+                        mode,
+                        None,
+                        tokens,
+                        samples,
+                        width,
+                    )?,
+                ),
+                (
+                    "actor/topr_negative_loss",
+                    roll_agg(
+                        det(neg_loss.clone()),
+                        &neg_mask,
+                        mode,
+                        None,
+                        tokens,
+                        samples,
+                        width,
+                    )?,
+                ),
+                (
+                    "actor/topr_weighted_positive_loss",
+                    roll_agg(
+                        det(pos_loss) * wp,
+                        &pos_mask,
+                        mode,
+                        None,
+                        tokens,
+                        samples,
+                        width,
+                    )?,
+                ),
+                (
+                    "actor/topr_weighted_negative_loss",
+                    roll_agg(
+                        det(neg_loss) * wn,
+                        &neg_mask,
+                        mode,
+                        None,
+                        tokens,
+                        samples,
+                        width,
+                    )?,
+                ),
+            ];
+            if let Some(kl) = kl_x {
+                v.push(("actor/kl_loss@sum", agg(kl, mask, None)?));
+            }
+            Ok(v)
+        };
+        let extras = d()?;
+        let mut terms = LossTerms::from_value(LossValue::Reduced(total));
+        for (k, t) in extras {
+            terms.extras.insert(k.into(), t.detach().reshape([1, 1]));
+        }
+        terms.ratio = Some(ratio.detach());
+        Ok(terms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::AlgoError;
+    use crate::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
+    use crate::masked::to_host;
+    use burn::tensor::{DType, Device, Tensor, TensorData};
+
+    fn t2(v: Vec<f64>, b: usize, t: usize, dev: &Device) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(v, [b, t]), (dev, DType::F64))
+    }
+
+    /// A rewarded row learns as plain REINFORCE; an unrewarded row whose ratio grew above 1 is
+    /// capped at weight 1, one whose ratio shrank keeps it; no scores is an error.
+    #[test]
+    fn positive_rows_are_reinforce_negative_rows_truncated() {
+        let dev = Device::flex().autodiff();
+        let lp = t2(vec![-1.0, -1.0, -0.5, -2.0], 2, 2, &dev).require_grad();
+        let old = t2(vec![-0.5, -1.5, -1.0, -1.0], 2, 2, &dev);
+        let adv = t2(vec![1.0, 1.0, -1.0, -1.0], 2, 2, &dev);
+        let mask = t2(vec![1.0; 4], 2, 2, &dev);
+        let scores = Tensor::from_data(TensorData::new(vec![1.0, 0.0], [2]), (&dev, DType::F64));
+        let cfg = PolicyLossConfig::new();
+        let input = PolicyLossInput::new(lp.clone(), old, adv, mask);
+        let registry = LossRegistry::with_builtins();
+        let err = registry.compute("topr", &input, &cfg).unwrap_err();
+        assert!(matches!(
+            err,
+            AlgoError::MissingInput {
+                input: "scores",
+                ..
+            }
+        ));
+        let out = registry
+            .compute("topr", &input.with_scores(scores), &cfg)
+            .unwrap();
+        let g = to_host(&lp.grad(&out.loss.backward()).unwrap()).unwrap();
+        let w = 2.0 / (2.0 + 1e-8) / 4.0;
+        let want = [-w, -w, w, w * (-1.0f64).exp()];
+        for (g, w) in g.iter().zip(want) {
+            assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+        }
+    }
+}
