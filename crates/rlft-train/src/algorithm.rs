@@ -110,6 +110,7 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
             .uses_importance_ratio(&a.loss)
             .map_err(|e| TrainError::Recipe(format!("algorithm.loss: {e}")))?,
         filtered_sampling: recipe.rollout.filtered(),
+        loglinear_prox: a.correction.prox == crate::correction::ProxMethod::Loglinear,
     };
     Ok(ResolvedAlgorithm {
         loss: a.loss.clone(),

@@ -46,6 +46,21 @@ pub enum RatioReference {
     Behaviour,
 }
 
+/// How decoupled mode gets π_prox, the policy that anchors the ratio.
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxMethod {
+    /// A forward pass of the learner's policy over the batch when it is consumed.
+    #[default]
+    Forward,
+    /// AReaL's log-linear approximation, no forward pass: `log π_prox = log μ + α (log πθ −
+    /// log μ)` per token, α from the token's policy version
+    /// ([`rlft_algo::decoupled::loglinear_prox`]); computed per micro-batch.
+    Loglinear,
+}
+
 /// Which of a row's tokens get loss when new weights reached its generation midway
 /// (interruptible generation: one row, tokens of several versions).
 #[derive(
@@ -109,6 +124,9 @@ pub struct CorrectionSection {
     /// `all`, or `current`: in a row that new weights reached midway, only the tokens of the
     /// newest version get loss (async mode with `async.interruptible = true`).
     pub train_versions: TrainVersions,
+    /// Decoupled mode's π_prox: `forward` (a forward pass) or `loglinear` (AReaL's
+    /// approximation from μ, πθ and the token versions, no pass).
+    pub prox: ProxMethod,
 }
 
 impl Default for CorrectionSection {
@@ -121,6 +139,7 @@ impl Default for CorrectionSection {
             rejection: Vec::new(),
             rejection_threshold: Thresholds::Many(Vec::new()),
             train_versions: TrainVersions::All,
+            prox: ProxMethod::Forward,
         }
     }
 }
@@ -156,6 +175,23 @@ impl CorrectionSection {
                         .unwrap_or_default()
                 ),
             ));
+        }
+        if self.prox == ProxMethod::Loglinear {
+            if self.mode != CorrectionMode::Decoupled {
+                return Err(bad(
+                    "prox",
+                    "\"loglinear\" approximates π_prox, which only mode = \"decoupled\" uses; \
+                     set mode = \"decoupled\" or prox = \"forward\"",
+                ));
+            }
+            if self.is_batch_normalize {
+                return Err(bad(
+                    "is_batch_normalize",
+                    "with prox = \"loglinear\" the weights are computed per micro-batch, so \
+                     there is no step batch to normalise over; set it to false or use prox = \
+                     \"forward\"",
+                ));
+            }
         }
         if self.is_batch_normalize && self.mode == CorrectionMode::Bypass {
             return Err(bad(

@@ -17,6 +17,7 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor, TensorData};
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
+use rlft_algo::decoupled::loglinear_prox;
 use rlft_algo::loss::{MetricValues, PolicyLossInput};
 use rlft_algo::seed::{spread, xorshift64};
 use rlft_model::{Transformer, ValueModel};
@@ -210,6 +211,8 @@ impl Trainer {
         let a = &self.recipe.algorithm;
         let temperature = self.recipe.rollout.temperature;
         let mut out = RankGradients::default();
+        // The learner's policy version during this step (its batch's step number).
+        let learner_version = self.state.step as u64 + 1;
         let mut accum = GradientsAccumulator::<Transformer>::new();
         let mut critic_accum = GradientsAccumulator::<ValueModel>::new();
         for micro in self.micro_batches(shard, rows) {
@@ -228,9 +231,15 @@ impl Trainer {
                 .reference
                 .is_some()
                 .then(|| per_token(&|r| r.ref_lp.as_deref().unwrap_or(&[])));
-            let bypass = self.learner.algo.offpolicy.mode == CorrectionMode::Bypass;
+            let off = &self.learner.algo.offpolicy;
+            let bypass = off.mode == CorrectionMode::Bypass;
+            // Decoupled with the log-linear π_prox: built per micro-batch from μ, πθ and the
+            // token versions (no π_old pass ran).
+            let loglinear = off
+                .loglinear_prox
+                .then(|| (per_token(&|r| &r.behaviour_lp), per_token(&|r| &r.versions)));
             let width = ids.response_len();
-            let mask_h = if bypass {
+            let mask_h = if bypass || loglinear.is_some() {
                 aligned(&refs, width, |r| &r.mask)
             } else {
                 Vec::new()
@@ -244,8 +253,32 @@ impl Trainer {
                 self.logits_chunk(),
                 a.entropy_coef > 0.0,
                 |lp, ent| -> Result<LossOut<(Tensor<2>, MetricValues)>> {
-                    let (mut mask, mut weights) = (mask, weights);
-                    if mask_h.iter().any(|m| *m > 0.5) {
+                    let (mut mask, mut weights, mut old) = (mask, weights, old);
+                    if let Some((behaviour, versions)) = loglinear {
+                        // AReaL counts the weights being trained as version v + 1 for a learner
+                        // at v: tokens sampled at v get α = 0, π_prox = μ.
+                        let t0 = std::time::Instant::now();
+                        let prox = loglinear_prox(
+                            &lp,
+                            &behaviour,
+                            &versions,
+                            &mask,
+                            learner_version as i64 + 1,
+                        )?;
+                        let dims = [refs.len(), width];
+                        let out = diag.correct(
+                            &host(prox.clone()),
+                            &aligned(&refs, width, |r| &r.behaviour_lp),
+                            &mask_h,
+                            dims,
+                            &off.correction,
+                        )?;
+                        let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
+                        mask = t2(device, f32s(out.mask), dims[0], dims[1]);
+                        weights = out.weights.map(|w| t2(device, f32s(w), dims[0], dims[1]));
+                        old = prox;
+                        *diag.prox_secs.get_or_insert(0.0) += t0.elapsed().as_secs_f64();
+                    } else if mask_h.iter().any(|m| *m > 0.5) {
                         // verl's bypass: πθ (detached) against μ, the anchor, per micro-batch.
                         let dims = [refs.len(), width];
                         let out = diag.correct(

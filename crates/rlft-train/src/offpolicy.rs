@@ -23,6 +23,8 @@ pub struct OffPolicy {
     /// Tokens are drawn through top-k / min-p / top-p: μ is the filtered, renormalised
     /// log-prob, which the learner's full softmax does not reproduce (`π_θ/μ` starts at `S`).
     pub filtered_sampling: bool,
+    /// Decoupled mode with `prox = "loglinear"`: π_prox approximated per micro-batch, no pass.
+    pub loglinear_prox: bool,
 }
 
 impl OffPolicy {
@@ -33,7 +35,8 @@ impl OffPolicy {
     pub fn needs_old_pass(&self, on_policy: bool, off_policy: bool) -> bool {
         match self.mode {
             CorrectionMode::Bypass => false,
-            CorrectionMode::Recompute | CorrectionMode::Decoupled => true,
+            CorrectionMode::Recompute => true,
+            CorrectionMode::Decoupled => !self.loglinear_prox,
             // Against μ the cumulative ratio needs no π_old.
             CorrectionMode::Auto => {
                 self.ratio_reference == RatioReference::Proximal
@@ -121,6 +124,7 @@ mod tests {
             ratio_reference: RatioReference::Proximal,
             bypass_applies_weights: false,
             filtered_sampling: false,
+            loglinear_prox: false,
         }
     }
 
@@ -143,6 +147,11 @@ mod tests {
             ..plan(CorrectionMode::Auto)
         };
         assert!(filtered.needs_old_pass(true, false));
+        let loglinear = OffPolicy {
+            loglinear_prox: true,
+            ..plan(CorrectionMode::Decoupled)
+        };
+        assert!(!loglinear.needs_old_pass(false, true));
     }
 
     /// Metrics are token-weighted over the batches of a step.

@@ -22,6 +22,8 @@ pub(crate) struct Row {
     pub(crate) old_lp: Vec<f32>,
     /// μ: the behaviour log-probs the sampler recorded.
     pub(crate) behaviour_lp: Vec<f32>,
+    /// The policy version that sampled each response token (log-linear π_prox).
+    pub(crate) versions: Vec<f32>,
     /// Decoupled mode: IS weights of π_prox against μ.
     pub(crate) is_w: Option<Vec<f32>>,
     pub(crate) ref_lp: Option<Vec<f32>>,
@@ -67,6 +69,9 @@ impl Row {
                 .collect(),
             old_lp: t.behaviour_logprobs.clone(),
             behaviour_lp: t.behaviour_logprobs.clone(),
+            versions: (0..t.response_ids.len())
+                .map(|i| t.token_versions.get(i).copied().unwrap_or(t.version) as f32)
+                .collect(),
             is_w: None,
             ref_lp: None,
             adv: Vec::new(),
@@ -84,6 +89,7 @@ impl Row {
             mask,
             old_lp: vec![0.0; n],
             behaviour_lp: vec![0.0; n],
+            versions: vec![0.0; n],
             is_w: None,
             ref_lp: None,
             adv: vec![0.0; n],

@@ -226,6 +226,11 @@ fn bad_recipes_fail_before_loading_a_model() {
     };
     assert!(err(&["algorithm.kl_cof=0.1"]).contains("did you mean 'algorithm.kl_coef'"));
     assert!(err(&["rollout.top_p=1.5"]).contains("top_p"));
+    let e = err(&["algorithm.correction.prox=\"loglinear\""]);
+    assert!(
+        e.contains("algorithm.correction.prox") && e.contains("decoupled"),
+        "{e}"
+    );
     let e = err(&["algorithm.correction.train_versions=\"current\""]);
     assert!(
         e.contains("algorithm.correction.train_versions") && e.contains("async.interruptible"),
@@ -443,6 +448,56 @@ fn bypass_equals_recompute_when_nothing_is_stale() {
     }
     // The gap μ vs π_old that recompute measures is rounding only.
     assert!(first(&r, "offpolicy/k3_kl").abs() < 1e-6);
+}
+
+/// Decoupled mode with AReaL's log-linear π_prox: with nothing stale every token's α is 0, so
+/// π_prox = μ and the IS weights are 1, and training equals bypass mode's (μ anchors the ratio)
+/// exactly; at lag 2 π_prox moves toward πθ and the gap to μ shows, without a π_old pass.
+#[test]
+fn loglinear_prox_is_mu_when_fresh_and_moves_when_stale() {
+    let is = ["algorithm.correction.is_level=\"token\""];
+    let bypass = quickstart_metrics(
+        "bypass-fresh",
+        &[is[0], "algorithm.correction.mode=\"bypass\""],
+    );
+    let decoupled = [
+        "algorithm.correction.mode=\"decoupled\"",
+        "algorithm.correction.prox=\"loglinear\"",
+    ];
+    let loglinear = quickstart_metrics("loglinear-fresh", &[is[0], decoupled[0], decoupled[1]]);
+    for (b, l) in bypass.iter().zip(&loglinear).skip(1) {
+        for key in [
+            "reward/mean",
+            "kl",
+            "entropy",
+            "grad_norm",
+            "clip_frac/low",
+            "clip_frac/high",
+        ] {
+            assert_eq!(b[key], l[key], "{key} at step {}", b["step"]);
+        }
+        assert_eq!(
+            l["offpolicy/kl"].as_f64(),
+            Some(0.0),
+            "π_prox = μ when fresh"
+        );
+    }
+    let stale = quickstart_metrics(
+        "loglinear-lag2",
+        &[
+            is[0],
+            decoupled[0],
+            decoupled[1],
+            "schedule.steps=3",
+            "async.mode=\"lagged\"",
+            "async.lag=2",
+        ],
+    );
+    let gap = stale[3]["offpolicy/kl"].as_f64().expect("measured");
+    assert!(
+        gap.abs() > 0.0 && gap.is_finite(),
+        "π_prox moved toward πθ: {gap}"
+    );
 }
 
 /// With top-k and top-p on, μ is the log-prob under the filtered, renormalised distribution:
