@@ -111,6 +111,9 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
             .map_err(|e| TrainError::Recipe(format!("algorithm.loss: {e}")))?,
         filtered_sampling: recipe.rollout.filtered(),
         loglinear_prox: a.correction.prox == crate::correction::ProxMethod::Loglinear,
+        opsm: (a.correction.opsm != crate::correction::Opsm::Off)
+            .then(|| (a.correction.opsm, a.correction.opsm_delta.unwrap_or(0.0))),
+        m2po_threshold: a.correction.m2po_threshold,
     };
     Ok(ResolvedAlgorithm {
         loss: a.loss.clone(),

@@ -61,6 +61,25 @@ pub enum ProxMethod {
     Loglinear,
 }
 
+/// Off-policy sequence masking: negative-advantage sequences that drifted too far from the
+/// policy are left out of the loss (its normalisers unchanged), as each anchor computes it.
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Opsm {
+    /// No masking.
+    #[default]
+    Off,
+    /// TRL 1.16's `get_off_policy_mask`: drop row `i` when its advantage is negative and
+    /// `mean_t (log μ − sg log πθ) > opsm_delta` ([`rlft_algo::filters::opsm_trl`]).
+    Trl,
+    /// slime's `compute_opsm_mask`: drop the negative-advantage tokens of rows whose
+    /// `mean_t (log π_old − log πθ) > opsm_delta`, π_old the ratio's anchor
+    /// ([`rlft_algo::filters::opsm_slime`]).
+    Slime,
+}
+
 /// Which of a row's tokens get loss when new weights reached its generation midway
 /// (interruptible generation: one row, tokens of several versions).
 #[derive(
@@ -127,6 +146,14 @@ pub struct CorrectionSection {
     /// Decoupled mode's π_prox: `forward` (a forward pass) or `loglinear` (AReaL's
     /// approximation from μ, πθ and the token versions, no pass).
     pub prox: ProxMethod,
+    /// Off-policy sequence masking: `off`, `trl` or `slime` (any mode; needs `opsm_delta`).
+    pub opsm: Opsm,
+    /// OPSM's bound δ on a sequence's mean log-ratio.
+    pub opsm_delta: Option<f64>,
+    /// M2PO (AReaL's `m2_threshold`, decoupled mode with `prox = "forward"`): over the step's
+    /// tokens, drop those with the largest `(log μ − log π_prox)²` until the rest's mean is
+    /// below it.
+    pub m2po_threshold: Option<f64>,
 }
 
 impl Default for CorrectionSection {
@@ -140,6 +167,9 @@ impl Default for CorrectionSection {
             rejection_threshold: Thresholds::Many(Vec::new()),
             train_versions: TrainVersions::All,
             prox: ProxMethod::Forward,
+            opsm: Opsm::Off,
+            opsm_delta: None,
+            m2po_threshold: None,
         }
     }
 }
@@ -175,6 +205,38 @@ impl CorrectionSection {
                         .unwrap_or_default()
                 ),
             ));
+        }
+        match (self.opsm, self.opsm_delta) {
+            (Opsm::Off, Some(_)) => {
+                return Err(bad(
+                    "opsm_delta",
+                    "applies with opsm = \"trl\" or \"slime\"; set one or remove it",
+                ));
+            }
+            (Opsm::Trl | Opsm::Slime, None) => {
+                return Err(bad(
+                    "opsm",
+                    "needs opsm_delta, the largest mean log-ratio a negative-advantage sequence \
+                     may have (e.g. 0.5)",
+                ));
+            }
+            (_, Some(d)) if d < 0.0 => {
+                return Err(bad("opsm_delta", format!("must be ≥ 0, got {d}")));
+            }
+            _ => {}
+        }
+        if let Some(t) = self.m2po_threshold {
+            if t <= 0.0 {
+                return Err(bad("m2po_threshold", format!("must be > 0, got {t}")));
+            }
+            if self.mode != CorrectionMode::Decoupled || self.prox != ProxMethod::Forward {
+                return Err(bad(
+                    "m2po_threshold",
+                    "M2PO masks tokens by their gap between μ and the π_prox of the whole step, \
+                     which mode = \"decoupled\" with prox = \"forward\" computes; set those or \
+                     remove it",
+                ));
+            }
         }
         if self.prox == ProxMethod::Loglinear {
             if self.mode != CorrectionMode::Decoupled {

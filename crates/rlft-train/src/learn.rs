@@ -4,7 +4,7 @@
 //! policy, NaN/Inf steps skipped with weights and optimiser state restored, and the global
 //! gradient-norm clip.
 
-use crate::correction::CorrectionMode;
+use crate::correction::{CorrectionMode, Opsm};
 use crate::distributed::sum_gradients;
 use crate::learner::{LossOut, chunk_for_budget, chunked_backward};
 use crate::offpolicy::StepDiagnostics;
@@ -12,12 +12,13 @@ use crate::optim::{adamw, clip_grads};
 use crate::report::UpdateStats;
 use crate::score::Row;
 use crate::trainer::{LOGITS_CHUNK_BYTES, Trainer};
-use crate::{Result, host};
+use crate::{Result, TrainError, host};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor, TensorData};
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
 use rlft_algo::decoupled::loglinear_prox;
+use rlft_algo::filters::{opsm_slime, opsm_trl};
 use rlft_algo::loss::{MetricValues, PolicyLossInput};
 use rlft_algo::seed::{spread, xorshift64};
 use rlft_model::{Transformer, ValueModel};
@@ -238,6 +239,9 @@ impl Trainer {
             let loglinear = off
                 .loglinear_prox
                 .then(|| (per_token(&|r| &r.behaviour_lp), per_token(&|r| &r.versions)));
+            // TRL's OPSM measures against μ.
+            let opsm_behaviour =
+                matches!(off.opsm, Some((Opsm::Trl, _))).then(|| per_token(&|r| &r.behaviour_lp));
             let width = ids.response_len();
             let mask_h = if bypass || loglinear.is_some() {
                 aligned(&refs, width, |r| &r.mask)
@@ -295,9 +299,27 @@ impl Trainer {
                             .filter(|_| self.learner.algo.offpolicy.bypass_applies_weights)
                             .map(|w| t2(device, f32s(w), dims[0], dims[1]));
                     }
+                    // Off-policy sequence masking: out of the loss, normalisers unchanged.
+                    let keep = match off.opsm {
+                        Some((Opsm::Trl, delta)) => {
+                            let behaviour = opsm_behaviour.ok_or_else(|| {
+                                TrainError::Pipeline("OPSM's μ was not laid out".into())
+                            })?;
+                            let n = mask.clone().sum_dim(1).clamp_min(1.0);
+                            let row_adv = (adv.clone() * mask.clone()).sum_dim(1) / n;
+                            Some(opsm_trl(&lp, &behaviour, &row_adv, &mask, delta)?)
+                        }
+                        Some((Opsm::Slime, delta)) => {
+                            Some(opsm_slime(&lp, &old, &adv, &mask, delta)?.0)
+                        }
+                        Some((Opsm::Off, _)) | None => None,
+                    };
                     let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
                         .with_entropy(ent)
                         .with_global(global);
+                    if let Some(k) = keep {
+                        input = input.with_loss_mask(k);
+                    }
                     if let Some(w) = weights {
                         input = input.with_rollout_is_weights(w);
                     }

@@ -4,7 +4,7 @@
 //! position-resolved quantiles).
 
 use crate::Result;
-use crate::correction::{CorrectionMode, RatioReference};
+use crate::correction::{CorrectionMode, Opsm, RatioReference};
 use rlft_algo::correction::{CorrectionConfig, HostCorrection, PositionQuantiles, correct_host};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -25,6 +25,10 @@ pub struct OffPolicy {
     pub filtered_sampling: bool,
     /// Decoupled mode with `prox = "loglinear"`: π_prox approximated per micro-batch, no pass.
     pub loglinear_prox: bool,
+    /// Off-policy sequence masking and its δ.
+    pub opsm: Option<(Opsm, f64)>,
+    /// M2PO's second-moment threshold (decoupled mode, forward π_prox).
+    pub m2po_threshold: Option<f64>,
 }
 
 impl OffPolicy {
@@ -125,6 +129,8 @@ mod tests {
             bypass_applies_weights: false,
             filtered_sampling: false,
             loglinear_prox: false,
+            opsm: None,
+            m2po_threshold: None,
         }
     }
 

@@ -12,6 +12,7 @@ use crate::trainer::Trainer;
 use crate::{Result, TrainError, host};
 use burn::module::Module;
 use rlft_algo::advantage::AdvantageInput;
+use rlft_algo::decoupled::m2po_mask;
 use rlft_algo::kl::kl_penalty;
 use std::time::Instant;
 
@@ -176,10 +177,31 @@ impl Trainer {
         let config = if decoupled { &off.correction } else { &none };
         if mask.iter().any(|m| *m > 0.5) {
             let out = diag.correct(&train, &behaviour, &mask, [n, rmax], config)?;
+            // M2PO: over the whole step, the tokens whose (log μ − log π_prox)² are largest.
+            let m2po = match off.m2po_threshold.filter(|_| decoupled) {
+                Some(threshold) => {
+                    let d = &self.learner.plain;
+                    let kept = m2po_mask(
+                        &t2(d, behaviour.clone(), n, rmax),
+                        &t2(d, train.clone(), n, rmax),
+                        &t2(d, mask.clone(), n, rmax),
+                        threshold,
+                    )?;
+                    Some(host(kept))
+                }
+                None => None,
+            };
             if decoupled {
                 for (i, row) in rows.iter_mut().enumerate() {
                     let span = i * rmax..i * rmax + row.resp_len();
-                    row.mask = out.mask[span.clone()].iter().map(|&m| m as f32).collect();
+                    row.mask = out.mask[span.clone()]
+                        .iter()
+                        .zip(
+                            m2po.as_ref()
+                                .map_or(&mask[span.clone()], |k| &k[span.clone()]),
+                        )
+                        .map(|(&m, &k)| if k > 0.5 { m as f32 } else { 0.0 })
+                        .collect();
                     row.is_w = out
                         .weights
                         .as_ref()

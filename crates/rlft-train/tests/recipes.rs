@@ -231,6 +231,13 @@ fn bad_recipes_fail_before_loading_a_model() {
         e.contains("algorithm.correction.prox") && e.contains("decoupled"),
         "{e}"
     );
+    let e = err(&["algorithm.correction.opsm=\"trl\""]);
+    assert!(e.contains("opsm_delta"), "{e}");
+    let e = err(&["algorithm.correction.m2po_threshold=0.04"]);
+    assert!(
+        e.contains("algorithm.correction.m2po_threshold") && e.contains("decoupled"),
+        "{e}"
+    );
     let e = err(&["algorithm.correction.train_versions=\"current\""]);
     assert!(
         e.contains("algorithm.correction.train_versions") && e.contains("async.interruptible"),
@@ -498,6 +505,76 @@ fn loglinear_prox_is_mu_when_fresh_and_moves_when_stale() {
         gap.abs() > 0.0 && gap.is_finite(),
         "π_prox moved toward πθ: {gap}"
     );
+}
+
+/// OPSM (TRL's and slime's) and M2PO train on stale samples and change the update only when
+/// their bound is crossed: with a bound nothing reaches, the run equals the plain one exactly;
+/// with a tight one, what is learned changes.
+#[test]
+fn opsm_and_m2po_mask_only_past_their_bound() {
+    // A length reward: rewards differ within groups, so advantages and gradients are nonzero.
+    let lag = [
+        "schedule.steps=4",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "async.mode=\"lagged\"",
+        "async.lag=2",
+        "reward=[{kind = \"length\", target = 2, coef = 1.0, correctness = true}]",
+    ];
+    let run = |tag: &str, extra: &[&str]| {
+        let mut o: Vec<&str> = lag.to_vec();
+        o.extend(extra);
+        quickstart_metrics(tag, &o)
+    };
+    let update = |m: &[rlft_train::metrics::StepMetrics]| {
+        m[1..]
+            .iter()
+            .map(|r| {
+                (
+                    r["grad_norm"].clone(),
+                    r["entropy"].clone(),
+                    r["reward/mean"].clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let cases: [(&str, &[&str], &[&str]); 3] = [
+        ("trl", &["algorithm.correction.opsm=\"trl\""], &[]),
+        ("slime", &["algorithm.correction.opsm=\"slime\""], &[]),
+        (
+            "m2po",
+            &["algorithm.correction.mode=\"decoupled\""],
+            &["algorithm.correction.mode=\"decoupled\""],
+        ),
+    ];
+    for (name, on, base_extra) in cases {
+        let base = run(&format!("{name}-base"), base_extra);
+        let (loose, tight) = if name == "m2po" {
+            (
+                "algorithm.correction.m2po_threshold=1e9",
+                "algorithm.correction.m2po_threshold=1e-9",
+            )
+        } else {
+            (
+                "algorithm.correction.opsm_delta=1e9",
+                "algorithm.correction.opsm_delta=0.0",
+            )
+        };
+        let mut o = on.to_vec();
+        o.push(loose);
+        assert_eq!(
+            update(&base),
+            update(&run(&format!("{name}-loose"), &o)),
+            "{name}"
+        );
+        let mut o = on.to_vec();
+        o.push(tight);
+        assert_ne!(
+            update(&base),
+            update(&run(&format!("{name}-tight"), &o)),
+            "{name}"
+        );
+    }
 }
 
 /// With top-k and top-p on, μ is the log-prob under the filtered, renormalised distribution:
