@@ -1,6 +1,7 @@
 //! Forward + backward of every registered policy loss (the frontier ones included: `vespo`,
-//! `topr`, `prime_rl`, `prime_rl_ipo`, `luspo`) at B = 64, T = 1024 on flex (f32), and GRPO
-//! advantages for the same batch.
+//! `topr`, `prime_rl`, `prime_rl_ipo`, `luspo`) at B = 64, T = 1024 on flex (f32), GRPO
+//! advantages for the same batch, and the off-policy filters (OPSM, top-entropy, M2PO, KPop,
+//! slime's MIS).
 //!
 //! ```text
 //! cargo bench --bench algo
@@ -9,7 +10,10 @@
 use burn::tensor::{Distribution, Tensor};
 use criterion::{Criterion, criterion_group, criterion_main};
 use rlft::algo::advantage::{AdvantageEstimator, AdvantageInput};
+use rlft::algo::correction::IsLevel;
 use rlft::algo::loss::{LossRegistry, PolicyLossInput};
+use rlft::algo::mis::{SlimeMisConfig, TisMode, slime_mis};
+use rlft::algo::{decoupled, filters};
 
 const B: usize = 64;
 const T: usize = 1024;
@@ -73,5 +77,55 @@ fn losses(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, losses);
+/// The off-policy filters and weights that multiply a loss (host arithmetic included), at the
+/// same size: what each adds to a step next to the loss itself.
+fn filters(c: &mut Criterion) {
+    let device = rlft::device::parse("flex").expect("flex");
+    device.seed(1);
+    let lp = Tensor::<2>::random([B, T], Distribution::Uniform(-4.0, -0.01), &device);
+    let mu = lp.clone() + Tensor::random([B, T], Distribution::Normal(0.0, 0.1), &device);
+    let mask = Tensor::<2>::ones([B, T], &device);
+    let adv = Tensor::<2>::random([B, T], Distribution::Normal(0.0, 1.0), &device);
+    let row_adv = Tensor::<2>::random([B, 1], Distribution::Normal(0.0, 1.0), &device);
+    let entropy = Tensor::<2>::random([B, T], Distribution::Uniform(0.0, 3.0), &device);
+    let mut group = c.benchmark_group("offpolicy_filters_b64_t1024");
+    group.sample_size(20);
+    group.bench_function("opsm_trl", |b| {
+        b.iter(|| filters::opsm_trl(&lp, &mu, &row_adv, &mask, 0.01).expect("opsm"))
+    });
+    group.bench_function("opsm_slime", |b| {
+        b.iter(|| filters::opsm_slime(&lp, &mu, &adv, &mask, 0.01).expect("opsm"))
+    });
+    group.bench_function("top_entropy_mask", |b| {
+        b.iter(|| filters::top_entropy_mask(&entropy, &mask, 0.2).expect("mask"))
+    });
+    group.bench_function("m2po_mask", |b| {
+        b.iter(|| decoupled::m2po_mask(&mu, &lp, &mask, 0.005).expect("m2po"))
+    });
+    let kpop = decoupled::RejectionConfig {
+        level: decoupled::RejectionLevel::Token,
+        metric: decoupled::RejectionMetric::BinaryKl,
+        agg: decoupled::RejectionAgg::Mean,
+        upper: 0.2,
+        lower: None,
+    };
+    group.bench_function("kpop_rejection", |b| {
+        b.iter(|| decoupled::rejection_sampling(&lp, &mu, &mask, &kpop).expect("kpop"))
+    });
+    let mis = SlimeMisConfig {
+        tis_level: IsLevel::Token,
+        tis_mode: TisMode::Truncate,
+        tis_lower: None,
+        tis_upper: 2.0,
+        rs: Some((IsLevel::Token, Some(0.2), Some(5.0))),
+        veto: Some(1e-4),
+        batch_normalize: true,
+    };
+    group.bench_function("slime_mis", |b| {
+        b.iter(|| slime_mis(&mu, &lp, &mask, &mis).expect("mis"))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, losses, filters);
 criterion_main!(benches);

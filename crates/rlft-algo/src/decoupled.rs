@@ -319,6 +319,9 @@ pub struct Decoupled {
 /// `versions`: π_prox becomes the ratio's anchor (`old_log_prob`), M2PO shrinks the response
 /// mask, and rejection sampling's behaviour weight becomes the rollout IS weight (rejected
 /// tokens stay in the denominator).
+///
+/// # Shapes
+/// - every tensor of `input` `[batch, T]` (as [`PolicyLossInput`] requires)
 pub fn prepare_decoupled(input: PolicyLossInput, cfg: &DecoupledConfig) -> Result<Decoupled> {
     let mu = input
         .behaviour_log_prob

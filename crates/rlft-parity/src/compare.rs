@@ -228,3 +228,55 @@ fn computed_in_f32(key: &str) -> bool {
         || key.ends_with("_ratio")
         || key.ends_with("clipfrac")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn case() -> Value {
+        json!({
+            "outputs": {
+                "loss": 1.0,
+                "grad": {"log_prob": {"shape": [1], "data": [2.0]}},
+                "mask": {"shape": [1], "data": [1.0]},
+                "metrics": {"kl": 0.5}
+            },
+            "tolerance": {"rtol": 1e-3, "atol": 0.0, "paths": ["outputs.grad.log_prob"]}
+        })
+    }
+
+    #[test]
+    fn case_tolerance_widens_only_its_paths() {
+        let mut cmp = Compare::new(&Options::f64(), &case());
+        cmp.scalar("loss", 1.0 + 1e-6, 1.0);
+        cmp.tensor("grad.log_prob", &[2.0 + 1e-4], &[2.0], None, false);
+        cmp.tensor("mask", &[1.0], &[1.0], None, false);
+        cmp.metrics(
+            case().pointer("/outputs/metrics"),
+            &BTreeMap::from([("kl".to_string(), 0.5)]),
+        );
+        match cmp.outcome() {
+            Outcome::Failed(lines) => {
+                assert_eq!(lines.len(), 1, "{lines:?}");
+                assert!(lines[0].starts_with("loss"), "{lines:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_uncompared_output_skips_the_case() {
+        let mut cmp = Compare::new(&Options::f64(), &case());
+        cmp.scalar("loss", 1.0, 1.0);
+        cmp.tensor("grad.log_prob", &[2.0], &[2.0], None, false);
+        cmp.metrics(
+            case().pointer("/outputs/metrics"),
+            &BTreeMap::from([("kl".to_string(), 0.5)]),
+        );
+        match cmp.outcome() {
+            Outcome::Skipped(why) => assert!(why.contains("mask"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

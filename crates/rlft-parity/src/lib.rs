@@ -255,3 +255,22 @@ pub fn golden_dir(set: &str) -> PathBuf {
         .join("../../tests/golden")
         .join(set)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A namespaced mode without a mapping is an error, never verl's loss of the same name.
+    #[test]
+    fn unknown_namespaced_modes_do_not_fall_through_to_verl() {
+        let case = |kind: &str, key: &str, mode: &str| json!({"schema": "rl-golden/v1", "case_id": "x", "kind": kind, "config": {key: mode}});
+        for (kind, key, mode) in [
+            ("policy_loss", "loss_mode", "someone/vanilla"),
+            ("advantage", "estimator", "someone/grpo"),
+        ] {
+            let err = run_case(&case(kind, key, mode), &Options::f64()).unwrap_err();
+            assert!(err.to_string().contains("no rlft mapping"), "{err}");
+        }
+    }
+}

@@ -25,6 +25,9 @@ pub enum PrimeMask {
 /// Extras (`[batch, 1]`, means over the row's selected tokens, 0 when none): `masked_mismatch_kl`,
 /// `unmasked_mismatch_kl` (of `ρ − log ρ − 1`), `is_masked`, and for [`PrimeMask::Dppo`]
 /// `is_masked_low`, `is_masked_high`, `masked_advantage_positive`, `masked_advantage_negative`.
+///
+/// # Shapes
+/// - every input `[batch, T]`; the extras `[batch, 1]`.
 #[derive(Debug, Clone, Copy)]
 pub struct PrimeRl {
     /// The trust-region mask.
