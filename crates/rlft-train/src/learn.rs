@@ -239,6 +239,13 @@ impl Trainer {
             let loglinear = off
                 .loglinear_prox
                 .then(|| (per_token(&|r| &r.behaviour_lp), per_token(&|r| &r.versions)));
+            let scores = Tensor::<1>::from_data(
+                TensorData::new(
+                    refs.iter().map(|r| r.score).collect::<Vec<f32>>(),
+                    [refs.len()],
+                ),
+                device,
+            );
             // TRL's OPSM measures against μ.
             let opsm_behaviour =
                 matches!(off.opsm, Some((Opsm::Trl, _))).then(|| per_token(&|r| &r.behaviour_lp));
@@ -316,7 +323,8 @@ impl Trainer {
                     };
                     let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
                         .with_entropy(ent)
-                        .with_global(global);
+                        .with_global(global)
+                        .with_scores(scores);
                     if let Some(k) = keep {
                         input = input.with_loss_mask(k);
                     }

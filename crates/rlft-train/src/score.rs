@@ -24,6 +24,8 @@ pub(crate) struct Row {
     pub(crate) behaviour_lp: Vec<f32>,
     /// The policy version that sampled each response token (log-linear π_prox).
     pub(crate) versions: Vec<f32>,
+    /// The row's outcome reward after shaping (losses that weigh rows by score, e.g. TOPR).
+    pub(crate) score: f32,
     /// Decoupled mode: IS weights of π_prox against μ.
     pub(crate) is_w: Option<Vec<f32>>,
     pub(crate) ref_lp: Option<Vec<f32>>,
@@ -72,6 +74,7 @@ impl Row {
             versions: (0..t.response_ids.len())
                 .map(|i| t.token_versions.get(i).copied().unwrap_or(t.version) as f32)
                 .collect(),
+            score: t.reward.unwrap_or(0.0) as f32,
             is_w: None,
             ref_lp: None,
             adv: Vec::new(),
@@ -90,6 +93,7 @@ impl Row {
             old_lp: vec![0.0; n],
             behaviour_lp: vec![0.0; n],
             versions: vec![0.0; n],
+            score: 0.0,
             is_w: None,
             ref_lp: None,
             adv: vec![0.0; n],
@@ -173,11 +177,9 @@ impl Trainer {
                 if let Some(p) = &overlong {
                     reward += p.penalty(t.generated_len());
                 }
-                rows.push(Row::sampled(
-                    t,
-                    a.overlong_filter && t.truncated,
-                    current_only,
-                ));
+                let mut row = Row::sampled(t, a.overlong_filter && t.truncated, current_only);
+                row.score = reward as f32;
+                rows.push(row);
                 group_ids.push(gi as u64);
                 rewards.push(reward);
             }

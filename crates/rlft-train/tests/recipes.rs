@@ -577,6 +577,30 @@ fn opsm_and_m2po_mask_only_past_their_bound() {
     }
 }
 
+/// Every built-in loss and preset a recipe can name trains through the trainer (losses that
+/// weigh rows by their reward get each row's score).
+#[test]
+fn every_registered_loss_trains_two_steps() {
+    let registry = rlft_algo::loss::LossRegistry::with_builtins();
+    let names = registry.names();
+    assert!(names.len() > 10, "{names:?}");
+    for name in names {
+        let loss = format!("algorithm.loss=\"{name}\"");
+        let mut o = vec![loss.as_str()];
+        // Presets whose advantage needs values (PPO's GAE) train with a critic.
+        if registry.resolve(&name).unwrap().advantage.needs_values() {
+            o.push("model.critic=true");
+        }
+        let m = quickstart_metrics(&format!("loss-{name}"), &o);
+        assert!(
+            m.iter()
+                .skip(1)
+                .all(|r| r["grad_norm"].as_f64().is_some_and(f64::is_finite)),
+            "{name}"
+        );
+    }
+}
+
 /// With top-k and top-p on, μ is the log-prob under the filtered, renormalised distribution:
 /// every step logs `rollout/filter_log_mass` (mean log S < 0), auto mode computes π_old (μ is
 /// not the learner's distribution), and the measured gap between μ and π_old is exactly log S
