@@ -1,5 +1,5 @@
 //! The optimiser side of an update: AdamW with one fused pass per parameter on CPU devices
-//! ([`FusedAdamW`], built from `[optimizer]` by [`adamw`]), gradient clipping by the global norm
+//! ([`FusedAdamW`], built from `[optimizer]` by `adamw`), gradient clipping by the global norm
 //! ([`clip_grads`]) and the learning-rate schedule ([`ScheduleSection::lr`]).
 //!
 //!

@@ -9,7 +9,7 @@
 //!   weights it was given.
 //! - [`lagged`]: the lagged testbed's policy snapshots, `lag` versions old.
 //!
-//! - [`feed`]: which of these a run uses ([`feed::Feed`]: inline, lagged or async), the one
+//! - [`feed`]: which of these a run uses (`Feed`: inline, lagged or async), the one
 //!   owner of its admission controller, snapshots and workers.
 //!
 //! The trainer's collect stage (`feed.rs`) takes each step's batch from the feed and publishes

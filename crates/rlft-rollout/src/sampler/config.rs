@@ -62,7 +62,7 @@ pub struct SamplingConfig {
     #[config(default = 0)]
     pub seed: u64,
     /// After sampling, recompute `log μ` with one full forward pass over the finished batch in
-    /// the learner's layout ([`LearnerBatch`]: rows packed end to end). Decode steps run other
+    /// the learner's layout ([`LearnerBatch`](crate::LearnerBatch): rows packed end to end). Decode steps run other
     /// matmul shapes than a full pass, so their f32 log-probs differ from the learner's by
     /// ≈1e-5; rescoring makes μ exactly what the learner computes, for one extra forward pass.
     #[config(default = false)]

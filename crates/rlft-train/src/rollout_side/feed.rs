@@ -1,4 +1,4 @@
-//! How the learner's batches arrive ([`Feed`]): one owner for the admission controller, the
+//! How the learner's batches arrive (`Feed`): one owner for the admission controller, the
 //! lagged snapshots and the rollout workers, whichever the mode uses.
 
 use crate::recipe::{AsyncMode, OnStale};
