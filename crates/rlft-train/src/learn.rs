@@ -307,6 +307,7 @@ impl Trainer {
                             .map(|w| t2(device, f32s(w), dims[0], dims[1]));
                     }
                     // Off-policy sequence masking: out of the loss, normalisers unchanged.
+                    let t_opsm = std::time::Instant::now();
                     let keep = match off.opsm {
                         Some((Opsm::Trl, delta)) => {
                             let behaviour = opsm_behaviour.ok_or_else(|| {
@@ -321,6 +322,9 @@ impl Trainer {
                         }
                         Some((Opsm::Off, _)) | None => None,
                     };
+                    if keep.is_some() {
+                        diag.correction_secs += t_opsm.elapsed().as_secs_f64();
+                    }
                     let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
                         .with_entropy(ent)
                         .with_global(global)

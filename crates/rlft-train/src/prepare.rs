@@ -178,6 +178,7 @@ impl Trainer {
         if mask.iter().any(|m| *m > 0.5) {
             let out = diag.correct(&train, &behaviour, &mask, [n, rmax], config)?;
             // M2PO: over the whole step, the tokens whose (log μ − log π_prox)² are largest.
+            let t_m2po = std::time::Instant::now();
             let m2po = match off.m2po_threshold.filter(|_| decoupled) {
                 Some(threshold) => {
                     let d = &self.learner.plain;
@@ -191,6 +192,9 @@ impl Trainer {
                 }
                 None => None,
             };
+            if m2po.is_some() {
+                diag.correction_secs += t_m2po.elapsed().as_secs_f64();
+            }
             if decoupled {
                 for (i, row) in rows.iter_mut().enumerate() {
                     let span = i * rmax..i * rmax + row.resp_len();
