@@ -114,6 +114,26 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
         opsm: (a.correction.opsm != crate::correction::Opsm::Off)
             .then(|| (a.correction.opsm, a.correction.opsm_delta.unwrap_or(0.0))),
         m2po_threshold: a.correction.m2po_threshold,
+        kpop: a.correction.kpop_threshold.map(|upper| {
+            use crate::correction::KpopLevel;
+            use rlft_algo::decoupled::{
+                RejectionAgg, RejectionConfig, RejectionLevel, RejectionMetric,
+            };
+            let (level, agg) = match a.correction.kpop_level {
+                KpopLevel::Token => (RejectionLevel::Token, RejectionAgg::Mean),
+                KpopLevel::SeqMean => (RejectionLevel::Sequence, RejectionAgg::Mean),
+                KpopLevel::SeqMax => (RejectionLevel::Sequence, RejectionAgg::Max),
+                KpopLevel::SeqSum => (RejectionLevel::Sequence, RejectionAgg::Sum),
+            };
+            RejectionConfig {
+                level,
+                metric: RejectionMetric::BinaryKl,
+                agg,
+                upper,
+                lower: None,
+            }
+        }),
+        veto_threshold: a.correction.veto_threshold,
     };
     Ok(ResolvedAlgorithm {
         loss: a.loss.clone(),

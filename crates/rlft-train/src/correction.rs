@@ -80,6 +80,23 @@ pub enum Opsm {
     Slime,
 }
 
+/// Where KPop's binary-KL bound applies.
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum KpopLevel {
+    /// Each token against the bound.
+    #[default]
+    Token,
+    /// A row's mean over its tokens.
+    SeqMean,
+    /// A row's largest token value.
+    SeqMax,
+    /// A row's sum.
+    SeqSum,
+}
+
 /// Which of a row's tokens get loss when new weights reached its generation midway
 /// (interruptible generation: one row, tokens of several versions).
 #[derive(
@@ -154,6 +171,15 @@ pub struct CorrectionSection {
     /// tokens, drop those with the largest `(log μ − log π_prox)²` until the rest's mean is
     /// below it.
     pub m2po_threshold: Option<f64>,
+    /// KPop (AReaL's binary-KL rejection, decoupled mode with `prox = "forward"`): mask tokens
+    /// (or rows, `kpop_level`) whose `max(KLb(π_prox‖μ), KLb(μ‖π_prox))` of the sampled token
+    /// exceeds it.
+    pub kpop_threshold: Option<f64>,
+    /// Where KPop's bound applies: `token`, `seq_mean`, `seq_max` or `seq_sum`.
+    pub kpop_level: KpopLevel,
+    /// slime's veto (decoupled mode with `prox = "forward"`): a row with any token whose
+    /// `π_prox/μ` is below it gets no loss.
+    pub veto_threshold: Option<f64>,
 }
 
 impl Default for CorrectionSection {
@@ -170,6 +196,9 @@ impl Default for CorrectionSection {
             opsm: Opsm::Off,
             opsm_delta: None,
             m2po_threshold: None,
+            kpop_threshold: None,
+            kpop_level: KpopLevel::Token,
+            veto_threshold: None,
         }
     }
 }
@@ -225,18 +254,30 @@ impl CorrectionSection {
             }
             _ => {}
         }
-        if let Some(t) = self.m2po_threshold {
+        let step_masks = [
+            ("m2po_threshold", self.m2po_threshold),
+            ("kpop_threshold", self.kpop_threshold),
+            ("veto_threshold", self.veto_threshold),
+        ];
+        for (key, value) in step_masks {
+            let Some(t) = value else { continue };
             if t <= 0.0 {
-                return Err(bad("m2po_threshold", format!("must be > 0, got {t}")));
+                return Err(bad(key, format!("must be > 0, got {t}")));
             }
             if self.mode != CorrectionMode::Decoupled || self.prox != ProxMethod::Forward {
                 return Err(bad(
-                    "m2po_threshold",
-                    "M2PO masks tokens by their gap between μ and the π_prox of the whole step, \
-                     which mode = \"decoupled\" with prox = \"forward\" computes; set those or \
-                     remove it",
+                    key,
+                    "masks tokens by the gap between μ and the π_prox of the whole step, which \
+                     mode = \"decoupled\" with prox = \"forward\" computes; set those or remove \
+                     it",
                 ));
             }
+        }
+        if self.kpop_level != KpopLevel::Token && self.kpop_threshold.is_none() {
+            return Err(bad(
+                "kpop_level",
+                "applies with kpop_threshold; set it or remove this",
+            ));
         }
         if self.prox == ProxMethod::Loglinear {
             if self.mode != CorrectionMode::Decoupled {

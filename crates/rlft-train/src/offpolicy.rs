@@ -29,6 +29,10 @@ pub struct OffPolicy {
     pub opsm: Option<(Opsm, f64)>,
     /// M2PO's second-moment threshold (decoupled mode, forward π_prox).
     pub m2po_threshold: Option<f64>,
+    /// KPop's binary-KL rejection (decoupled mode, forward π_prox).
+    pub kpop: Option<rlft_algo::decoupled::RejectionConfig>,
+    /// slime's veto threshold on `π_prox/μ` (decoupled mode, forward π_prox).
+    pub veto_threshold: Option<f64>,
 }
 
 impl OffPolicy {
@@ -131,6 +135,8 @@ mod tests {
             loglinear_prox: false,
             opsm: None,
             m2po_threshold: None,
+            kpop: None,
+            veto_threshold: None,
         }
     }
 

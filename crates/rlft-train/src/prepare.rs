@@ -12,7 +12,7 @@ use crate::trainer::Trainer;
 use crate::{Result, TrainError, host};
 use burn::module::Module;
 use rlft_algo::advantage::AdvantageInput;
-use rlft_algo::decoupled::m2po_mask;
+use rlft_algo::decoupled::{m2po_mask, rejection_sampling};
 use rlft_algo::kl::kl_penalty;
 use std::time::Instant;
 
@@ -178,22 +178,14 @@ impl Trainer {
         if mask.iter().any(|m| *m > 0.5) {
             let out = diag.correct(&train, &behaviour, &mask, [n, rmax], config)?;
             // M2PO: over the whole step, the tokens whose (log μ − log π_prox)² are largest.
-            let t_m2po = std::time::Instant::now();
-            let m2po = match off.m2po_threshold.filter(|_| decoupled) {
-                Some(threshold) => {
-                    let d = &self.learner.plain;
-                    let kept = m2po_mask(
-                        &t2(d, behaviour.clone(), n, rmax),
-                        &t2(d, train.clone(), n, rmax),
-                        &t2(d, mask.clone(), n, rmax),
-                        threshold,
-                    )?;
-                    Some(host(kept))
-                }
-                None => None,
+            let t_masks = std::time::Instant::now();
+            let keep = if decoupled {
+                self.step_masks(&behaviour, &train, &mask, [n, rmax])?
+            } else {
+                None
             };
-            if m2po.is_some() {
-                diag.correction_secs += t_m2po.elapsed().as_secs_f64();
+            if keep.is_some() {
+                diag.correction_secs += t_masks.elapsed().as_secs_f64();
             }
             if decoupled {
                 for (i, row) in rows.iter_mut().enumerate() {
@@ -201,7 +193,7 @@ impl Trainer {
                     row.mask = out.mask[span.clone()]
                         .iter()
                         .zip(
-                            m2po.as_ref()
+                            keep.as_ref()
                                 .map_or(&mask[span.clone()], |k| &k[span.clone()]),
                         )
                         .map(|(&m, &k)| if k > 0.5 { m as f32 } else { 0.0 })
@@ -214,5 +206,58 @@ impl Trainer {
             }
         }
         Ok(())
+    }
+
+    /// The masks decoupled mode takes over the whole step from μ (`behaviour`) and π_prox
+    /// (`prox`), row-major `[rows, cols]` host arrays: M2PO, KPop and slime's veto, multiplied
+    /// into one keep mask (`None` when none is set).
+    fn step_masks(
+        &self,
+        behaviour: &[f32],
+        prox: &[f32],
+        mask: &[f32],
+        [n, cols]: [usize; 2],
+    ) -> Result<Option<Vec<f32>>> {
+        let off = &self.learner.algo.offpolicy;
+        if off.m2po_threshold.is_none() && off.kpop.is_none() && off.veto_threshold.is_none() {
+            return Ok(None);
+        }
+        let d = &self.learner.plain;
+        let (mu_t, prox_t, mask_t) = (
+            t2(d, behaviour.to_vec(), n, cols),
+            t2(d, prox.to_vec(), n, cols),
+            t2(d, mask.to_vec(), n, cols),
+        );
+        let mut keep: Vec<f32> = mask
+            .iter()
+            .map(|&m| if m > 0.5 { 1.0 } else { 0.0 })
+            .collect();
+        let mut and = |k: Vec<f32>| {
+            for (a, b) in keep.iter_mut().zip(k) {
+                *a = if *a > 0.5 && b > 0.5 { 1.0 } else { 0.0 };
+            }
+        };
+        if let Some(threshold) = off.m2po_threshold {
+            and(host(m2po_mask(&mu_t, &prox_t, &mask_t, threshold)?));
+        }
+        if let Some(cfg) = &off.kpop {
+            and(host(rejection_sampling(&prox_t, &mu_t, &mask_t, cfg)?.mask));
+        }
+        if let Some(veto) = off.veto_threshold {
+            // slime's veto: a row with a catastrophic token (π_prox/μ below the bound) is out.
+            let log_veto = veto.ln();
+            let mut rows = vec![1.0f32; n * cols];
+            for i in 0..n {
+                let span = i * cols..(i + 1) * cols;
+                let vetoed = span.clone().any(|k| {
+                    mask[k] > 0.5 && f64::from(prox[k]) - f64::from(behaviour[k]) < log_veto
+                });
+                if vetoed {
+                    rows[span].fill(0.0);
+                }
+            }
+            and(rows);
+        }
+        Ok(Some(keep))
     }
 }

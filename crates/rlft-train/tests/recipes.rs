@@ -233,6 +233,13 @@ fn bad_recipes_fail_before_loading_a_model() {
     );
     let e = err(&["algorithm.correction.opsm=\"trl\""]);
     assert!(e.contains("opsm_delta"), "{e}");
+    let e = err(&["algorithm.correction.kpop_threshold=0.4"]);
+    assert!(e.contains("algorithm.correction.kpop_threshold"), "{e}");
+    let e = err(&[
+        "algorithm.correction.mode=\"decoupled\"",
+        "algorithm.correction.kpop_level=\"seq_mean\"",
+    ]);
+    assert!(e.contains("kpop_level"), "{e}");
     let e = err(&["algorithm.correction.m2po_threshold=0.04"]);
     assert!(
         e.contains("algorithm.correction.m2po_threshold") && e.contains("decoupled"),
@@ -507,11 +514,11 @@ fn loglinear_prox_is_mu_when_fresh_and_moves_when_stale() {
     );
 }
 
-/// OPSM (TRL's and slime's) and M2PO train on stale samples and change the update only when
-/// their bound is crossed: with a bound nothing reaches, the run equals the plain one exactly;
+/// OPSM (TRL's and slime's), M2PO, KPop and slime's veto train on stale samples and change the
+/// update only when their bound is crossed: with a bound nothing reaches, the run equals the plain one exactly;
 /// with a tight one, what is learned changes.
 #[test]
-fn opsm_and_m2po_mask_only_past_their_bound() {
+fn off_policy_masks_act_only_past_their_bound() {
     // A length reward: rewards differ within groups, so advantages and gradients are nonzero.
     let lag = [
         "schedule.steps=4",
@@ -538,28 +545,48 @@ fn opsm_and_m2po_mask_only_past_their_bound() {
             })
             .collect::<Vec<_>>()
     };
-    let cases: [(&str, &[&str], &[&str]); 3] = [
-        ("trl", &["algorithm.correction.opsm=\"trl\""], &[]),
-        ("slime", &["algorithm.correction.opsm=\"slime\""], &[]),
+    let decoupled = "algorithm.correction.mode=\"decoupled\"";
+    // (name, switch, the base run's settings, a bound nothing reaches, a bound everything does)
+    type Case<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a str, &'a str);
+    let cases: [Case; 5] = [
+        (
+            "trl",
+            &["algorithm.correction.opsm=\"trl\""],
+            &[],
+            "algorithm.correction.opsm_delta=1e9",
+            "algorithm.correction.opsm_delta=0.0",
+        ),
+        (
+            "slime",
+            &["algorithm.correction.opsm=\"slime\""],
+            &[],
+            "algorithm.correction.opsm_delta=1e9",
+            "algorithm.correction.opsm_delta=0.0",
+        ),
         (
             "m2po",
-            &["algorithm.correction.mode=\"decoupled\""],
-            &["algorithm.correction.mode=\"decoupled\""],
+            &[decoupled],
+            &[decoupled],
+            "algorithm.correction.m2po_threshold=1e9",
+            "algorithm.correction.m2po_threshold=1e-9",
+        ),
+        (
+            "kpop",
+            &[decoupled, "algorithm.correction.kpop_level=\"seq_max\""],
+            &[decoupled],
+            "algorithm.correction.kpop_threshold=1e9",
+            "algorithm.correction.kpop_threshold=1e-12",
+        ),
+        (
+            "veto",
+            &[decoupled],
+            &[decoupled],
+            "algorithm.correction.veto_threshold=1e-30",
+            "algorithm.correction.veto_threshold=1e9",
         ),
     ];
-    for (name, on, base_extra) in cases {
+    for (name, on, base_extra, loose, tight) in cases {
         let base = run(&format!("{name}-base"), base_extra);
-        let (loose, tight) = if name == "m2po" {
-            (
-                "algorithm.correction.m2po_threshold=1e9",
-                "algorithm.correction.m2po_threshold=1e-9",
-            )
-        } else {
-            (
-                "algorithm.correction.opsm_delta=1e9",
-                "algorithm.correction.opsm_delta=0.0",
-            )
-        };
         let mut o = on.to_vec();
         o.push(loose);
         assert_eq!(
