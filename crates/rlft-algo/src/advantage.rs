@@ -580,11 +580,8 @@ pub struct AdvantageOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{DType, Device, TensorData};
 
-    fn t2(v: Vec<f64>, b: usize, t: usize) -> Tensor<2> {
-        Tensor::from_data(TensorData::new(v, [b, t]), (&Device::flex(), DType::F64))
-    }
+    use crate::testing::t2;
 
     #[test]
     fn grpo_normalises_within_groups() {

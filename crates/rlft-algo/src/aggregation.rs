@@ -184,12 +184,10 @@ fn seq_mean(per_seq: Tensor<1>, mask: &Tensor<2>, global: &GlobalBatchInfo) -> T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{DType, Device, TensorData};
+    use burn::tensor::Device;
     use proptest::prelude::*;
 
-    fn t2(v: Vec<f64>, b: usize, t: usize, dev: &Device) -> Tensor<2> {
-        Tensor::from_data(TensorData::new(v, [b, t]), (dev, DType::F64))
-    }
+    use crate::testing::t2_on as t2;
 
     #[test]
     fn names_round_trip() {

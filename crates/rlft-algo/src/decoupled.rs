@@ -371,11 +371,8 @@ pub fn prepare_decoupled(input: PolicyLossInput, cfg: &DecoupledConfig) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{DType, Device, TensorData};
 
-    fn t2(v: Vec<f64>, b: usize, t: usize) -> Tensor<2> {
-        Tensor::from_data(TensorData::new(v, [b, t]), (&Device::flex(), DType::F64))
-    }
+    use crate::testing::t2;
 
     #[test]
     fn prepare_needs_a_proximal_policy() {

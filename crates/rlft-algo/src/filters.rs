@@ -147,11 +147,8 @@ fn quantile_f32(sorted: &[f32], q: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{DType, Device, TensorData};
 
-    fn t2(v: Vec<f64>, b: usize, t: usize) -> Tensor<2> {
-        Tensor::from_data(TensorData::new(v, [b, t]), (&Device::flex(), DType::F64))
-    }
+    use crate::testing::t2;
 
     #[test]
     fn opsm_drops_only_stale_negative_rows() {

@@ -34,6 +34,8 @@ pub mod mis;
 pub mod ratio;
 pub mod seed;
 pub mod shaping;
+#[cfg(test)]
+mod testing;
 pub mod value;
 
 pub use advantage::{AdvantageEstimator, AdvantageInput, AdvantageOutput};

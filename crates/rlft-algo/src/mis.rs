@@ -295,11 +295,8 @@ pub fn slime_mis(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{DType, Device, TensorData};
 
-    fn t2(v: Vec<f64>, b: usize, t: usize) -> Tensor<2> {
-        Tensor::from_data(TensorData::new(v, [b, t]), (&Device::flex(), DType::F64))
-    }
+    use crate::testing::t2;
 
     /// Token TIS truncates at the upper bound; the veto drops the row holding a token far below
     /// the threshold (a log-ratio beyond slime's ±20 safety bound stays finite).

@@ -186,11 +186,8 @@ pub fn truncated_is_weights(
 mod tests {
     use super::*;
     use crate::masked::to_host;
-    use burn::tensor::{DType, Device, TensorData};
 
-    fn t2(v: Vec<f64>, b: usize, t: usize) -> Tensor<2> {
-        Tensor::from_data(TensorData::new(v, [b, t]), (&Device::flex(), DType::F64))
-    }
+    use crate::testing::t2;
 
     /// The lecture's numbers: 0.70/0.40 = 1.75 and 0.20/0.40 = 0.50.
     #[test]

@@ -110,11 +110,9 @@ impl PolicyLoss for PrimeRl {
 mod tests {
     use crate::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
     use crate::masked::to_host;
-    use burn::tensor::{DType, Device, Tensor, TensorData};
+    use burn::tensor::Device;
 
-    fn t2(v: Vec<f64>, b: usize, t: usize, dev: &Device) -> Tensor<2> {
-        Tensor::from_data(TensorData::new(v, [b, t]), (dev, DType::F64))
-    }
+    use crate::testing::t2_on as t2;
 
     /// A token whose probability rose by more than δ_high under a positive advantage is masked
     /// (only the squared log-ratio penalty moves it); an on-policy token is the plain

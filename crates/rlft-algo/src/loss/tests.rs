@@ -5,9 +5,7 @@ use super::*;
 use crate::masked::to_host;
 use burn::tensor::{DType, Device, TensorData};
 
-fn t2(v: Vec<f64>, b: usize, t: usize, dev: &Device) -> Tensor<2> {
-    Tensor::from_data(TensorData::new(v, [b, t]), (dev, DType::F64))
-}
+use crate::testing::t2_on as t2;
 
 /// A batch with drifting ratios, mixed-sign advantages and one padded tail.
 fn batch(dev: &Device) -> PolicyLossInput {

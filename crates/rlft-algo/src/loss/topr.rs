@@ -186,51 +186,19 @@ impl PolicyLoss for Topr {
                 ("actor/topr_negative_weight", scores_mean.zeros_like() + wn),
                 (
                     "actor/topr_positive_loss",
-                    roll_agg(
-                        det(pos_loss.clone()),
-                        &pos_mask,
-                        mode,
-                        None,
-                        tokens,
-                        samples,
-                        width,
-                    )?,
+                    agg(det(pos_loss.clone()), &pos_mask, None)?,
                 ),
                 (
                     "actor/topr_negative_loss",
-                    roll_agg(
-                        det(neg_loss.clone()),
-                        &neg_mask,
-                        mode,
-                        None,
-                        tokens,
-                        samples,
-                        width,
-                    )?,
+                    agg(det(neg_loss.clone()), &neg_mask, None)?,
                 ),
                 (
                     "actor/topr_weighted_positive_loss",
-                    roll_agg(
-                        det(pos_loss) * wp,
-                        &pos_mask,
-                        mode,
-                        None,
-                        tokens,
-                        samples,
-                        width,
-                    )?,
+                    agg(det(pos_loss) * wp, &pos_mask, None)?,
                 ),
                 (
                     "actor/topr_weighted_negative_loss",
-                    roll_agg(
-                        det(neg_loss) * wn,
-                        &neg_mask,
-                        mode,
-                        None,
-                        tokens,
-                        samples,
-                        width,
-                    )?,
+                    agg(det(neg_loss) * wn, &neg_mask, None)?,
                 ),
             ];
             if let Some(kl) = kl_x {
@@ -255,9 +223,7 @@ mod tests {
     use crate::masked::to_host;
     use burn::tensor::{DType, Device, Tensor, TensorData};
 
-    fn t2(v: Vec<f64>, b: usize, t: usize, dev: &Device) -> Tensor<2> {
-        Tensor::from_data(TensorData::new(v, [b, t]), (dev, DType::F64))
-    }
+    use crate::testing::t2_on as t2;
 
     /// A rewarded row learns as plain REINFORCE; an unrewarded row whose ratio grew above 1 is
     /// capped at weight 1, one whose ratio shrank keeps it; no scores is an error.

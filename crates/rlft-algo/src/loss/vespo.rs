@@ -85,11 +85,9 @@ impl PolicyLoss for Vespo {
 mod tests {
     use crate::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
     use crate::masked::to_host;
-    use burn::tensor::{DType, Device, Tensor, TensorData};
+    use burn::tensor::Device;
 
-    fn t2(v: Vec<f64>, b: usize, t: usize, dev: &Device) -> Tensor<2> {
-        Tensor::from_data(TensorData::new(v, [b, t]), (dev, DType::F64))
-    }
+    use crate::testing::t2_on as t2;
 
     /// On-policy rows get φ = 1; a row 30 nats off (beyond the +20 clamp) and a row with a
     /// rejected engine token get a finite φ, and the padding no gradient.
