@@ -71,6 +71,11 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
         c.aggregation = aggregation;
     }
     c.kl_estimator = a.kl_estimator;
+    c.kl_bias_correction = a.kl_bias_correction;
+    let losses = (&a.vespo, &a.topr, &a.prime_rl);
+    crate::recipe::losses::apply(losses, (&preset.loss, &a.loss), &mut c)
+        .map_err(|(key, e)| TrainError::Recipe(format!("{key}: {e}")))?;
+
     c.kl_coef = if a.kl_placement == KlPlacement::Loss {
         a.kl_coef
     } else {

@@ -18,7 +18,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor, TensorData};
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
 use rlft_algo::decoupled::loglinear_prox;
-use rlft_algo::filters::{opsm_slime, opsm_trl};
+use rlft_algo::filters::{opsm_slime, opsm_trl, top_entropy_mask};
 use rlft_algo::loss::{MetricValues, PolicyLossInput};
 use rlft_algo::seed::{spread, xorshift64};
 use rlft_model::{Transformer, ValueModel};
@@ -325,11 +325,16 @@ impl Trainer {
                     if keep.is_some() {
                         diag.correction_secs += t_opsm.elapsed().as_secs_f64();
                     }
+                    // TRL's top-entropy masking: only the most uncertain tokens get policy loss.
+                    let entropy_keep = a
+                        .top_entropy_quantile
+                        .map(|rho| top_entropy_mask(&ent.clone().detach(), &mask, rho))
+                        .transpose()?;
                     let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
                         .with_entropy(ent)
                         .with_global(global)
                         .with_scores(scores);
-                    if let Some(k) = keep {
+                    for k in keep.into_iter().chain(entropy_keep) {
                         input = input.with_loss_mask(k);
                     }
                     if let Some(w) = weights {

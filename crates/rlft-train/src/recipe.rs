@@ -15,6 +15,7 @@ mod asynchrony;
 mod data;
 mod keys;
 mod load;
+pub(crate) mod losses;
 mod named;
 pub mod reference;
 mod resume;
@@ -26,6 +27,7 @@ pub use data::{
 };
 pub use keys::RESUMABLE_KEYS;
 pub use load::ENV_PREFIX;
+pub use losses::{PrimeRlSection, ToprSection, VespoSection};
 pub use resume::check_stored_copy;
 
 /// A whole training run.
@@ -424,6 +426,18 @@ pub struct AlgorithmSection {
     pub kl_horizon: Option<f64>,
     /// `[algorithm.correction]`: the ratio's anchor and the off-policy correction.
     pub correction: CorrectionSection,
+    /// TRL's bias-corrected KL: each token's reference KL is multiplied by the importance
+    /// ratio (not detached).
+    pub kl_bias_correction: bool,
+    /// TRL's top-entropy masking: only tokens whose entropy is at least the `1 − ρ` quantile of
+    /// the micro-batch's get policy loss (1 keeps all; unset: off).
+    pub top_entropy_quantile: Option<f64>,
+    /// `[algorithm.vespo]`: TRL's VESPO weights.
+    pub vespo: VespoSection,
+    /// `[algorithm.topr]`: ROLL's TOPR weights.
+    pub topr: ToprSection,
+    /// `[algorithm.prime_rl]`: prime-rl's loss settings.
+    pub prime_rl: PrimeRlSection,
 }
 
 impl Default for AlgorithmSection {
@@ -457,6 +471,11 @@ impl Default for AlgorithmSection {
             kl_target: None,
             kl_horizon: None,
             correction: CorrectionSection::default(),
+            kl_bias_correction: false,
+            top_entropy_quantile: None,
+            vespo: VespoSection::default(),
+            topr: ToprSection::default(),
+            prime_rl: PrimeRlSection::default(),
         }
     }
 }

@@ -233,6 +233,21 @@ fn bad_recipes_fail_before_loading_a_model() {
     );
     let e = err(&["algorithm.correction.opsm=\"trl\""]);
     assert!(e.contains("opsm_delta"), "{e}");
+    // Loss-dependent settings are checked against the loss the trainer resolves, before it
+    // writes anything.
+    let trainer_err = |o: &[&str]| {
+        let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
+        match Trainer::new(Recipe::load(&path, &o).unwrap(), None) {
+            Ok(_) => panic!("{o:?} trained"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = trainer_err(&["algorithm.vespo.pos=[2.0, 3.0]"]);
+    assert!(e.contains("algorithm.vespo") && e.contains("'grpo'"), "{e}");
+    let e = trainer_err(&["algorithm.prime_rl.kl_tau=0.01"]);
+    assert!(e.contains("algorithm.prime_rl.kl_tau"), "{e}");
+    let e = err(&["algorithm.top_entropy_quantile=1.5"]);
+    assert!(e.contains("algorithm.top_entropy_quantile"), "{e}");
     let e = err(&["algorithm.correction.kpop_threshold=0.4"]);
     assert!(e.contains("algorithm.correction.kpop_threshold"), "{e}");
     let e = err(&[
@@ -514,11 +529,12 @@ fn loglinear_prox_is_mu_when_fresh_and_moves_when_stale() {
     );
 }
 
-/// OPSM (TRL's and slime's), M2PO, KPop and slime's veto train on stale samples and change the
-/// update only when their bound is crossed: with a bound nothing reaches, the run equals the plain one exactly;
+/// OPSM (TRL's and slime's), M2PO, KPop, slime's veto and top-entropy masking train on stale
+/// samples and change the update only when their bound is crossed; the anchors' loss settings
+/// (VESPO, TOPR, prime-rl, the bias-corrected KL) change it only when set off their defaults: with a bound nothing reaches, the run equals the plain one exactly;
 /// with a tight one, what is learned changes.
 #[test]
-fn off_policy_masks_act_only_past_their_bound() {
+fn loss_masks_and_settings_act_only_past_their_bound() {
     // A length reward: rewards differ within groups, so advantages and gradients are nonzero.
     let lag = [
         "schedule.steps=4",
@@ -548,7 +564,46 @@ fn off_policy_masks_act_only_past_their_bound() {
     let decoupled = "algorithm.correction.mode=\"decoupled\"";
     // (name, switch, the base run's settings, a bound nothing reaches, a bound everything does)
     type Case<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a str, &'a str);
-    let cases: [Case; 5] = [
+    let vespo = "algorithm.loss=\"vespo\"";
+    let topr = "algorithm.loss=\"topr\"";
+    let prime = "algorithm.loss=\"prime_rl\"";
+    let kl = "algorithm.kl_coef=0.1";
+    let cases: [Case; 10] = [
+        (
+            "top_entropy",
+            &[],
+            &[],
+            "algorithm.top_entropy_quantile=1.0",
+            "algorithm.top_entropy_quantile=0.2",
+        ),
+        (
+            "vespo",
+            &[vespo],
+            &[vespo],
+            "algorithm.vespo.pos=[2.0, 3.0]",
+            "algorithm.vespo.pos=[5.0, 0.5]",
+        ),
+        (
+            "topr",
+            &[topr],
+            &[topr],
+            "algorithm.topr.weights=[1.0, 1.0]",
+            "algorithm.topr.weights=[1.0, 0.1]",
+        ),
+        (
+            "prime_rl",
+            &[prime],
+            &[prime],
+            "algorithm.prime_rl.adv_tau=1.0",
+            "algorithm.prime_rl.adv_tau=3.0",
+        ),
+        (
+            "bias_corrected_kl",
+            &[kl],
+            &[kl],
+            "algorithm.kl_bias_correction=false",
+            "algorithm.kl_bias_correction=true",
+        ),
         (
             "trl",
             &["algorithm.correction.opsm=\"trl\""],

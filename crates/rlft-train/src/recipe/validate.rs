@@ -37,6 +37,14 @@ impl AlgorithmSection {
     /// checked; `advantage` is checked with the model settings ([`Recipe::checked_advantage`]).
     fn check_settings(&self) -> Result<()> {
         self.kl_control()?;
+        if let Some(rho) = self.top_entropy_quantile
+            && !(rho > 0.0 && rho <= 1.0)
+        {
+            return Err(TrainError::Recipe(format!(
+                "algorithm.top_entropy_quantile: must be in (0, 1], got {rho} (1 keeps every \
+                 token)"
+            )));
+        }
         self.correction.resolve()?;
         Ok(())
     }
