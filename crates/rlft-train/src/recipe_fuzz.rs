@@ -243,7 +243,12 @@ fn accepted_or_recipe_error(r: crate::Result<Recipe>) -> std::result::Result<(),
                     msg.starts_with("recipe: algorithm.loss")
                         || msg.starts_with("recipe: algorithm:")
                         || msg.starts_with("recipe: algorithm.ratio_reference")
-                        || msg.starts_with("recipe: algorithm.advantage = 'gae'"),
+                        || msg.starts_with("recipe: algorithm.advantage = 'gae'")
+                        // Settings of one anchor's loss, set for another loss.
+                        || ["vespo", "topr", "prime_rl"].iter().any(|s| {
+                            msg.starts_with(&format!("recipe: algorithm.{s}"))
+                                && msg.contains("applies to loss")
+                        }),
                     "loaded, then refused for a reason the loss does not explain: {msg}"
                 );
             }

@@ -37,11 +37,45 @@ pub struct PrimeRlSection {
     pub ipo_threshold: Option<f64>,
 }
 
+/// The ranges of the anchor-specific loss settings (checked when a recipe loads, whatever its
+/// loss).
+///
+/// # Errors
+/// A value out of range, naming its key.
+pub(crate) fn check_ranges(
+    (vespo, topr, prime): (&VespoSection, &ToprSection, &PrimeRlSection),
+) -> Result<(), (String, String)> {
+    let positive = [
+        ("vespo.pos", vespo.pos.map(|[a, b]| a.min(b))),
+        ("vespo.neg", vespo.neg.map(|[a, b]| a.min(b))),
+        ("prime_rl.adv_tau", prime.adv_tau),
+        ("prime_rl.kl_tau", prime.kl_tau),
+        ("prime_rl.ipo_threshold", prime.ipo_threshold),
+    ];
+    for (key, v) in positive {
+        if let Some(v) = v
+            && v <= 0.0
+        {
+            return Err((format!("algorithm.{key}"), format!("must be > 0, got {v}")));
+        }
+    }
+    if let Some(w @ [p, n]) = topr.weights
+        && (p < 0.0 || n < 0.0)
+    {
+        return Err((
+            "algorithm.topr.weights".into(),
+            format!("must be ≥ 0, got {w:?}"),
+        ));
+    }
+    Ok(())
+}
+
 /// The anchor-specific loss settings of a recipe, applied to `c` for the registered loss
 /// `loss` (the loss the recipe's `algorithm.loss`, `named`, runs).
 ///
 /// # Errors
-/// A section's key set for another loss, or a value out of range; the message names the key.
+/// A section's key set for another loss (the ranges are [`check_ranges`]'s); the message names the
+/// key.
 pub(crate) fn apply(
     (vespo, topr, prime): (&VespoSection, &ToprSection, &PrimeRlSection),
     (loss, named): (&str, &str),
@@ -53,61 +87,41 @@ pub(crate) fn apply(
             format!("applies to loss = {owner}, not '{named}'; remove it or choose that loss"),
         ))
     };
-    let positive = |key: &str, v: f64| {
-        if v > 0.0 {
-            Ok(v)
-        } else {
-            Err((format!("algorithm.{key}"), format!("must be > 0, got {v}")))
-        }
-    };
-    let pair = |key: &str, [a, b]: [f64; 2]| -> Result<(f64, f64), (String, String)> {
-        Ok((positive(key, a)?, positive(key, b)?))
-    };
     if vespo.pos.is_some() || vespo.neg.is_some() {
         if loss != "vespo" {
             return wrong("vespo", "\"vespo\"");
         }
-        if let Some(p) = vespo.pos {
-            c.vespo_pos = pair("vespo.pos", p)?;
+        if let Some([k, l]) = vespo.pos {
+            c.vespo_pos = (k, l);
         }
-        if let Some(n) = vespo.neg {
-            c.vespo_neg = pair("vespo.neg", n)?;
+        if let Some([k, l]) = vespo.neg {
+            c.vespo_neg = (k, l);
         }
     }
-    if let Some(w) = topr.weights {
+    if let Some([p, n]) = topr.weights {
         if loss != "topr" {
             return wrong("topr.weights", "\"topr\"");
-        }
-        let [p, n] = w;
-        if !(p >= 0.0 && n >= 0.0) {
-            return Err((
-                "algorithm.topr.weights".into(),
-                format!("must be ≥ 0, got {w:?}"),
-            ));
         }
         c.topr_weights = (p, n);
     }
     let prime_rl = loss == "prime_rl" || loss == "prime_rl_ipo";
-    for (key, value) in [("adv_tau", prime.adv_tau), ("kl_tau", prime.kl_tau)] {
-        if let Some(v) = value {
-            if !prime_rl {
-                return wrong(
-                    &format!("prime_rl.{key}"),
-                    "\"prime_rl\" or \"prime_rl_ipo\"",
-                );
-            }
-            let v = positive(&format!("prime_rl.{key}"), v)?;
-            match key {
-                "adv_tau" => c.adv_tau = v,
-                _ => c.kl_tau = v,
-            }
+    if let Some(v) = prime.adv_tau {
+        if !prime_rl {
+            return wrong("prime_rl.adv_tau", "\"prime_rl\" or \"prime_rl_ipo\"");
         }
+        c.adv_tau = v;
+    }
+    if let Some(v) = prime.kl_tau {
+        if !prime_rl {
+            return wrong("prime_rl.kl_tau", "\"prime_rl\" or \"prime_rl_ipo\"");
+        }
+        c.kl_tau = v;
     }
     if let Some(t) = prime.ipo_threshold {
         if loss != "prime_rl_ipo" {
             return wrong("prime_rl.ipo_threshold", "\"prime_rl_ipo\"");
         }
-        c.ipo_threshold = positive("prime_rl.ipo_threshold", t)?;
+        c.ipo_threshold = t;
     }
     Ok(())
 }
