@@ -275,6 +275,72 @@ fn host_cdf(x: &[f32], cfg: &SamplingConfig) -> (Vec<usize>, Vec<f64>) {
     (order, p)
 }
 
+/// With `kept_ids_max` set, both draws record each filtered draw's kept set (the sampling
+/// mask): exactly the support of the brute-force filtered distribution, or an overflow when it
+/// is larger than the limit.
+#[test]
+fn kept_ids_are_the_filtered_support() {
+    let (rows, vocab) = (16, 500);
+    let logits = values(rows * vocab, 29, -6.0, 6.0);
+    let u: Vec<Option<f64>> = values(rows, 31, 0.0, 1.0)
+        .into_iter()
+        .map(|u| Some(u as f64))
+        .collect();
+    let base = SamplingConfig::new().with_kept_ids_max(vocab);
+    let configs = [
+        base.clone().with_top_k(20),
+        base.clone().with_top_p(0.7),
+        base.clone().with_min_p(0.2),
+        base.clone()
+            .with_top_k(100)
+            .with_top_p(0.5)
+            .with_min_p(0.01),
+    ];
+    for (name, dev) in devices() {
+        for cfg in &configs {
+            let host = draw_on_host(&logits, vocab, cfg, &u);
+            let t = Tensor::<2>::from_data(TensorData::new(logits.clone(), [rows, vocab]), &dev);
+            let on_dev = draw_on_device(t, cfg, &u).unwrap_or_else(|e| panic!("{name}: {e}"));
+            for (r, (h, d)) in host.iter().zip(&on_dev).enumerate() {
+                let (order, _, _) = sampled_distribution(&logits[r * vocab..(r + 1) * vocab], cfg);
+                let want: Vec<u32> = order.iter().map(|&i| i as u32).collect();
+                assert_eq!(
+                    h.kept_ids.as_ref(),
+                    Some(&want),
+                    "{name} host {cfg:?} row {r}"
+                );
+                let mut got = d.kept_ids.clone().expect("recorded");
+                got.sort_unstable();
+                let mut want = want;
+                want.sort_unstable();
+                assert_eq!(got, want, "{name} device {cfg:?} row {r}");
+            }
+            // A limit below the kept count is an overflow, on both.
+            let small = cfg.clone().with_kept_ids_max(1);
+            let t = Tensor::<2>::from_data(TensorData::new(logits.clone(), [rows, vocab]), &dev);
+            let on_dev = draw_on_device(t, &small, &u).unwrap_or_else(|e| panic!("{name}: {e}"));
+            for (r, (h, d)) in draw_on_host(&logits, vocab, &small, &u)
+                .iter()
+                .zip(&on_dev)
+                .enumerate()
+            {
+                let (order, _, _) = sampled_distribution(&logits[r * vocab..(r + 1) * vocab], cfg);
+                let expect_some = order.len() <= 1;
+                assert_eq!(
+                    h.kept_ids.is_some(),
+                    expect_some,
+                    "{name} host {cfg:?} row {r}"
+                );
+                assert_eq!(
+                    d.kept_ids.is_some(),
+                    expect_some,
+                    "{name} device {cfg:?} row {r}"
+                );
+            }
+        }
+    }
+}
+
 /// The on-device draw picks the host draw's tokens from the same logits on every compiled
 /// backend, except where the variate lies within 1e-6 of a boundary between the two tokens in
 /// the host's cumulative distribution (counted and printed); greedy decoding and the log-probs

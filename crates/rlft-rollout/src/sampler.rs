@@ -30,7 +30,7 @@ pub use host::draw_on_host;
 use host::{argmax, sample};
 
 /// One drawn token.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Draw {
     /// The token id.
     pub token: usize,
@@ -41,6 +41,9 @@ pub struct Draw {
     /// With filters, `log S`: the log of the probability mass the filters kept (≤ 0; the
     /// full-softmax log-prob is `logprob + log_kept_mass`). 0 without filters.
     pub log_kept_mass: f64,
+    /// With filters and [`SamplingConfig::kept_ids_max`] > 0: the kept token ids (the sampling
+    /// mask, most likely first), or `None` when more than `kept_ids_max` were kept.
+    pub kept_ids: Option<Vec<u32>>,
 }
 
 /// Why a row stopped.
@@ -67,6 +70,10 @@ pub struct Completion {
     /// With sampling filters, `log S` of each token ([`Draw::log_kept_mass`]); empty without.
     #[serde(default)]
     pub log_kept_mass: Vec<f32>,
+    /// With sampling filters and [`SamplingConfig::kept_ids_max`] > 0, each token's sampling
+    /// mask ([`Draw::kept_ids`]: `None` where more were kept); empty otherwise.
+    #[serde(default)]
+    pub kept_ids: Vec<Option<Vec<u32>>>,
     /// Why it stopped.
     pub finish_reason: FinishReason,
 }
@@ -138,6 +145,8 @@ struct Row {
     logprobs: Vec<f32>,
     /// `log S` of each token (with sampling filters).
     log_kept_mass: Vec<f32>,
+    /// Each token's kept ids (with sampling filters and `kept_ids_max`).
+    kept_ids: Vec<Option<Vec<u32>>>,
     /// The policy version that sampled each token.
     versions: Vec<u64>,
     position: i64,
@@ -268,6 +277,7 @@ impl<'a> Sampler<'a> {
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
                 log_kept_mass: Vec::new(),
+                kept_ids: Vec::new(),
                 versions: Vec::new(),
                 position: p.len() as i64,
                 text: String::new(),
@@ -414,12 +424,16 @@ impl<'a> Sampler<'a> {
                     token,
                     logprob,
                     log_kept_mass,
+                    ref kept_ids,
                 } = picks[r];
                 debug_assert!(token < vocab);
                 row.tokens.push(token as u32);
                 row.logprobs.push(logprob);
                 if filtered {
                     row.log_kept_mass.push(log_kept_mass as f32);
+                    if cfg.kept_ids_max > 0 {
+                        row.kept_ids.push(kept_ids.clone());
+                    }
                 }
                 row.versions.push(version);
                 on_token(row.index, token as u32);
@@ -440,6 +454,7 @@ impl<'a> Sampler<'a> {
                             tokens: std::mem::take(&mut row.tokens),
                             logprobs: std::mem::take(&mut row.logprobs),
                             log_kept_mass: std::mem::take(&mut row.log_kept_mass),
+                            kept_ids: std::mem::take(&mut row.kept_ids),
                             finish_reason,
                         });
                     }

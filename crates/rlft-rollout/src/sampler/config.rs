@@ -71,6 +71,11 @@ pub struct SamplingConfig {
     /// but where two tokens' cumulative probabilities lie within f32 rounding of the variate.
     #[config(default = "SampleOn::Auto")]
     pub sample_on: SampleOn,
+    /// With top-k / min-p / top-p: record each draw's kept token ids (its sampling mask) when
+    /// the filters kept at most this many (`0`: not recorded). A larger kept set is reported as
+    /// an overflow ([`Draw::kept_ids`](super::Draw::kept_ids) `None`).
+    #[config(default = 0)]
+    pub kept_ids_max: usize,
 }
 
 impl SamplingConfig {

@@ -48,6 +48,13 @@ pub fn draw_on_device(
             .try_into_vec::<f32>()
             .map_err(|e| RolloutError::Input(format!("{what} to host: {e:?}")))
     };
+    let ints = |t: Tensor<2, Int>, what: &str| {
+        t.into_data()
+            .convert::<i64>()
+            .try_into_vec::<i64>()
+            .map_err(|e| RolloutError::Input(format!("{what} to host: {e:?}")))
+    };
+    let mut kept_ids: Vec<Option<Vec<u32>>> = vec![None; n];
     let (token, lp, log_mass) = match uniforms {
         None => {
             let token = shifted.clone().argmax(1);
@@ -58,7 +65,20 @@ pub fn draw_on_device(
             let u = Tensor::<2>::from_data(TensorData::new(u, [n, 1]), &device);
             if cfg.has_filters() {
                 // μ under the filtered, renormalised distribution; log S = log of the kept mass.
-                let (token, kept) = filtered(shifted.clone(), cfg, u);
+                let (token, kept, (count, order)) = filtered(shifted.clone(), cfg, u);
+                if cfg.kept_ids_max > 0 {
+                    // The kept set is a prefix of the descending order: its first `count` ids.
+                    let width = cfg.kept_ids_max.min(v);
+                    let counts = ints(count, "kept counts")?;
+                    let order = ints(order.narrow(1, 0, width), "kept ids")?;
+                    for (r, slot) in kept_ids.iter_mut().enumerate() {
+                        let c = counts[r].max(1) as usize;
+                        if c <= cfg.kept_ids_max {
+                            let row = &order[r * width..r * width + c.min(width)];
+                            *slot = Some(row.iter().map(|&i| i as u32).collect());
+                        }
+                    }
+                }
                 let log_kept = kept.log();
                 let lp = shifted.gather(1, token.clone()) - log_kept.clone();
                 (token, lp, Some(log_kept - log_total))
@@ -69,11 +89,7 @@ pub fn draw_on_device(
             }
         }
     };
-    let ids = token
-        .into_data()
-        .convert::<i64>()
-        .try_into_vec::<i64>()
-        .map_err(|e| RolloutError::Input(format!("sampled ids to host: {e:?}")))?;
+    let ids = ints(token, "sampled ids")?;
     let lps = to_host(lp, "log-probs")?;
     let masses = match log_mass {
         Some(m) => to_host(m, "kept masses")?,
@@ -83,10 +99,12 @@ pub fn draw_on_device(
         .into_iter()
         .zip(lps)
         .zip(masses)
-        .map(|((t, logprob), m)| Draw {
+        .zip(kept_ids)
+        .map(|(((t, logprob), m), kept_ids)| Draw {
             token: t.clamp(0, v as i64 - 1) as usize,
             logprob,
             log_kept_mass: f64::from(m).min(0.0),
+            kept_ids,
         })
         .collect())
 }
@@ -109,13 +127,18 @@ fn inverse_cdf(w: Tensor<2>, u: Tensor<2>, v: usize) -> Tensor<2, Int> {
     below.min_pair(last)
 }
 
-/// The draw among the tokens kept by top-k, min-p and top-p, as a vocabulary id per row, and
-/// the kept tokens' total weight `Σ_kept exp(shifted)`.
+/// The draw among the tokens kept by top-k, min-p and top-p, as a vocabulary id per row; the
+/// kept tokens' total weight `Σ_kept exp(shifted)`; and the kept set: how many tokens, and the
+/// vocabulary in descending order (the kept ones first).
 ///
 /// # Shapes
 /// - `shifted`: `[rows, vocab]` logits minus their row maximum, `u`: `[rows, 1]` →
-///   `[rows, 1]`, `[rows, 1]`
-fn filtered(shifted: Tensor<2>, cfg: &SamplingConfig, u: Tensor<2>) -> (Tensor<2, Int>, Tensor<2>) {
+///   `[rows, 1]`, `[rows, 1]`, (`[rows, 1]`, `[rows, vocab]`)
+fn filtered(
+    shifted: Tensor<2>,
+    cfg: &SamplingConfig,
+    u: Tensor<2>,
+) -> (Tensor<2, Int>, Tensor<2>, (Tensor<2, Int>, Tensor<2, Int>)) {
     let [n, v] = shifted.dims();
     let device = shifted.device();
     let (sorted, order) = shifted.sort_descending_with_indices(1);
@@ -144,6 +167,6 @@ fn filtered(shifted: Tensor<2>, cfg: &SamplingConfig, u: Tensor<2>) -> (Tensor<2
     let kept = keep.clone().sum_dim(1).int().clamp_min(1);
     let w = p * keep;
     let mass = w.clone().sum_dim(1);
-    let at = inverse_cdf(w, u, v).min_pair(kept - 1);
-    (order.gather(1, at), mass)
+    let at = inverse_cdf(w, u, v).min_pair(kept.clone() - 1);
+    (order.clone().gather(1, at), mass, (kept, order))
 }

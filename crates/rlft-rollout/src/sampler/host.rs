@@ -39,7 +39,7 @@ pub(super) fn argmax(x: &[f32]) -> usize {
 fn pick(x: &[f32], cfg: &SamplingConfig, u: Option<f64>) -> Draw {
     match u {
         Some(u) if cfg.has_filters() => {
-            let (token, kept) = draw_filtered(x, cfg, u);
+            let (token, kept, kept_ids) = draw_filtered(x, cfg, u);
             let max = f64::from(x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)));
             let total: f64 = x.iter().map(|&v| (f64::from(v) - max).exp()).sum();
             // `kept` is relative to the kept tokens' maximum, which is the row's maximum.
@@ -47,6 +47,7 @@ fn pick(x: &[f32], cfg: &SamplingConfig, u: Option<f64>) -> Draw {
                 token,
                 logprob: ((f64::from(x[token]) - max) - kept.ln()) as f32,
                 log_kept_mass: (kept.ln() - total.ln()).min(0.0),
+                kept_ids,
             }
         }
         _ => {
@@ -59,6 +60,7 @@ fn pick(x: &[f32], cfg: &SamplingConfig, u: Option<f64>) -> Draw {
                 token,
                 logprob: x[token] - max - total.ln() as f32,
                 log_kept_mass: 0.0,
+                kept_ids: None,
             }
         }
     }
@@ -100,9 +102,10 @@ pub(super) fn sample(lp: &[f32], cfg: &SamplingConfig, u: f64) -> usize {
     draw_filtered(lp, cfg, u).0
 }
 
-/// The filtered draw: the token and the kept tokens' total weight `Σ_kept exp(lp − max lp)`
-/// (the most likely token at weight 1), in f64.
-fn draw_filtered(lp: &[f32], cfg: &SamplingConfig, u: f64) -> (usize, f64) {
+/// The filtered draw: the token, the kept tokens' total weight `Σ_kept exp(lp − max lp)` (the
+/// most likely token at weight 1) in f64, and the kept ids when recorded
+/// ([`SamplingConfig::kept_ids_max`]).
+fn draw_filtered(lp: &[f32], cfg: &SamplingConfig, u: f64) -> (usize, f64, Option<Vec<u32>>) {
     let mut idx: Vec<usize> = (0..lp.len()).collect();
     if cfg.top_k > 0 && cfg.top_k < idx.len() {
         idx.select_nth_unstable_by(cfg.top_k - 1, |&a, &b| lp[b].total_cmp(&lp[a]));
@@ -129,13 +132,15 @@ fn draw_filtered(lp: &[f32], cfg: &SamplingConfig, u: f64) -> (usize, f64) {
         probs.truncate(keep);
     }
     let kept: f64 = probs.iter().sum();
+    let n = probs.len();
+    let ids = (cfg.kept_ids_max >= n).then(|| idx[..n].iter().map(|&i| i as u32).collect());
     let target = u * kept;
     let mut acc = 0.0;
     for (i, p) in probs.iter().enumerate() {
         acc += p;
         if acc > target {
-            return (idx[i], kept);
+            return (idx[i], kept, ids);
         }
     }
-    (idx[probs.len() - 1], kept)
+    (idx[n - 1], kept, ids)
 }
