@@ -76,6 +76,15 @@ impl Trajectory {
     pub fn generated_len(&self) -> usize {
         self.loss_mask.iter().filter(|&&m| m == 1).count()
     }
+
+    /// The policy version that sampled each model-generated token (observations left out).
+    pub fn model_versions(&self) -> impl Iterator<Item = u64> + '_ {
+        self.token_versions
+            .iter()
+            .zip(&self.loss_mask)
+            .filter(|(_, m)| **m == 1)
+            .map(|(v, _)| *v)
+    }
 }
 
 /// The G trajectories of one prompt.

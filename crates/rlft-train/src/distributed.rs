@@ -37,6 +37,14 @@ pub struct DistributedSection {
 }
 
 impl DistributedSection {
+    /// The run's device: the first rank's, else the recipe's `device`.
+    pub fn run_device(
+        &self,
+        device: rlft_model::device::DeviceSpec,
+    ) -> rlft_model::device::DeviceSpec {
+        self.devices.first().copied().unwrap_or(device)
+    }
+
     /// Number of learner ranks (1 without `devices`).
     pub fn ranks(&self) -> usize {
         self.devices.len().max(1)

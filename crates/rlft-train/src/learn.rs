@@ -234,11 +234,20 @@ impl Trainer {
                 .then(|| per_token(&|r| r.ref_lp.as_deref().unwrap_or(&[])));
             let off = &self.learner.algo.offpolicy;
             let bypass = off.mode == CorrectionMode::Bypass;
+            let trl_opsm = matches!(off.opsm, Some((Opsm::Trl, _)));
+            let width = ids.response_len();
+            // μ, laid out once: on the host for a per-micro-batch correction (bypass, or
+            // decoupled with the log-linear π_prox), on the device where a tensor needs it.
+            let mu_h = if bypass || off.loglinear_prox || trl_opsm {
+                aligned(&refs, width, |r| &r.behaviour_lp)
+            } else {
+                Vec::new()
+            };
+            let mu = (off.loglinear_prox || trl_opsm)
+                .then(|| t2(device, mu_h.clone(), refs.len(), width));
             // Decoupled with the log-linear π_prox: built per micro-batch from μ, πθ and the
             // token versions (no π_old pass ran).
-            let loglinear = off
-                .loglinear_prox
-                .then(|| (per_token(&|r| &r.behaviour_lp), per_token(&|r| &r.versions)));
+            let versions = off.loglinear_prox.then(|| per_token(&|r| &r.versions));
             let scores = Tensor::<1>::from_data(
                 TensorData::new(
                     refs.iter().map(|r| r.score).collect::<Vec<f32>>(),
@@ -246,11 +255,7 @@ impl Trainer {
                 ),
                 device,
             );
-            // TRL's OPSM measures against μ.
-            let opsm_behaviour =
-                matches!(off.opsm, Some((Opsm::Trl, _))).then(|| per_token(&|r| &r.behaviour_lp));
-            let width = ids.response_len();
-            let mask_h = if bypass || loglinear.is_some() {
+            let mask_h = if bypass || off.loglinear_prox {
                 aligned(&refs, width, |r| &r.mask)
             } else {
                 Vec::new()
@@ -265,57 +270,51 @@ impl Trainer {
                 a.entropy_coef > 0.0,
                 |lp, ent| -> Result<LossOut<(Tensor<2>, MetricValues)>> {
                     let (mut mask, mut weights, mut old) = (mask, weights, old);
-                    if let Some((behaviour, versions)) = loglinear {
-                        // AReaL counts the weights being trained as version v + 1 for a learner
-                        // at v: tokens sampled at v get α = 0, π_prox = μ.
-                        let t0 = std::time::Instant::now();
-                        let prox = loglinear_prox(
-                            &lp,
-                            &behaviour,
-                            &versions,
-                            &mask,
-                            learner_version as i64 + 1,
-                        )?;
+                    // The per-micro-batch correction against μ: of the log-linear π_prox
+                    // (which then anchors the ratio and whose IS weights multiply the loss), or
+                    // in verl's bypass of πθ itself (detached; μ anchors the ratio).
+                    let measured = match (&versions, &mu) {
+                        (Some(versions), Some(mu)) => {
+                            // AReaL counts the weights being trained as version v + 1 for a
+                            // learner at v: tokens sampled at v get α = 0, π_prox = μ.
+                            let t0 = std::time::Instant::now();
+                            let prox = loglinear_prox(
+                                &lp,
+                                mu,
+                                versions,
+                                &mask,
+                                learner_version as i64 + 1,
+                            )?;
+                            *diag.prox_secs.get_or_insert(0.0) += t0.elapsed().as_secs_f64();
+                            old = prox.clone();
+                            Some((prox, true))
+                        }
+                        _ if mask_h.iter().any(|m| *m > 0.5) => {
+                            Some((lp.clone().detach(), off.bypass_applies_weights))
+                        }
+                        _ => None,
+                    };
+                    if let Some((train, apply_weights)) = measured {
                         let dims = [refs.len(), width];
-                        let out = diag.correct(
-                            &host(prox.clone()),
-                            &aligned(&refs, width, |r| &r.behaviour_lp),
-                            &mask_h,
-                            dims,
-                            &off.correction,
-                        )?;
-                        let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
-                        mask = t2(device, f32s(out.mask), dims[0], dims[1]);
-                        weights = out.weights.map(|w| t2(device, f32s(w), dims[0], dims[1]));
-                        old = prox;
-                        *diag.prox_secs.get_or_insert(0.0) += t0.elapsed().as_secs_f64();
-                    } else if mask_h.iter().any(|m| *m > 0.5) {
-                        // verl's bypass: πθ (detached) against μ, the anchor, per micro-batch.
-                        let dims = [refs.len(), width];
-                        let out = diag.correct(
-                            &host(lp.clone().detach()),
-                            &aligned(&refs, width, |r| &r.behaviour_lp),
-                            &mask_h,
-                            dims,
-                            &self.learner.algo.offpolicy.correction,
-                        )?;
+                        let out =
+                            diag.correct(&host(train), &mu_h, &mask_h, dims, &off.correction)?;
                         let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
                         mask = t2(device, f32s(out.mask), dims[0], dims[1]);
                         weights = out
                             .weights
-                            .filter(|_| self.learner.algo.offpolicy.bypass_applies_weights)
+                            .filter(|_| apply_weights)
                             .map(|w| t2(device, f32s(w), dims[0], dims[1]));
                     }
                     // Off-policy sequence masking: out of the loss, normalisers unchanged.
                     let t_opsm = std::time::Instant::now();
                     let keep = match off.opsm {
                         Some((Opsm::Trl, delta)) => {
-                            let behaviour = opsm_behaviour.ok_or_else(|| {
+                            let behaviour = mu.as_ref().ok_or_else(|| {
                                 TrainError::Pipeline("OPSM's μ was not laid out".into())
                             })?;
                             let n = mask.clone().sum_dim(1).clamp_min(1.0);
                             let row_adv = (adv.clone() * mask.clone()).sum_dim(1) / n;
-                            Some(opsm_trl(&lp, &behaviour, &row_adv, &mask, delta)?)
+                            Some(opsm_trl(&lp, behaviour, &row_adv, &mask, delta)?)
                         }
                         Some((Opsm::Slime, delta)) => {
                             Some(opsm_slime(&lp, &old, &adv, &mask, delta)?.0)

@@ -63,8 +63,11 @@ impl Models {
         // Half-precision passes where every device of the run has them.
         let dtype = recipe.model.dtype;
         let devices = &recipe.distributed.devices;
-        let run_device = devices.first().copied().unwrap_or(recipe.device);
-        dtype.check(plain, "device", run_device)?;
+        dtype.check(
+            plain,
+            "device",
+            recipe.distributed.run_device(recipe.device),
+        )?;
         for (d, &spec) in ranks.iter().zip(devices.iter().skip(1)) {
             dtype.check(d, "distributed.devices entry", spec)?;
         }

@@ -43,16 +43,10 @@ impl Row {
     /// `filtered` (overlong filtering) trains none of its tokens, `current_only` only the
     /// tokens of the newest policy version that sampled in the row.
     pub(crate) fn sampled(t: &Trajectory, filtered: bool, current_only: bool) -> Self {
-        let newest = t
-            .token_versions
-            .iter()
-            .zip(&t.loss_mask)
-            .filter(|(_, m)| **m == 1)
-            .map(|(v, _)| *v)
-            .max();
+        let newest = current_only.then(|| t.model_versions().max()).flatten();
         let trained = |i: usize, m: u8| {
-            let old = current_only
-                && matches!((t.token_versions.get(i), newest), (Some(&v), Some(n)) if v < n);
+            // `newest` is only known with `current_only`.
+            let old = matches!((t.token_versions.get(i), newest), (Some(&v), Some(n)) if v < n);
             m == 1 && !filtered && !old
         };
         Self {
@@ -255,16 +249,9 @@ impl Trainer {
 /// `version` minus the version that sampled the token.
 fn token_age_mean(version: u64, trajs: &[&Trajectory]) -> f64 {
     let (mut sum, mut n) = (0u64, 0u64);
-    for t in trajs {
-        for (v, _) in t
-            .token_versions
-            .iter()
-            .zip(&t.loss_mask)
-            .filter(|(_, m)| **m == 1)
-        {
-            sum += staleness(version, *v);
-            n += 1;
-        }
+    for v in trajs.iter().flat_map(|t| t.model_versions()) {
+        sum += staleness(version, v);
+        n += 1;
     }
     sum as f64 / n.max(1) as f64
 }

@@ -109,7 +109,7 @@ fn task(recipe: &Recipe, tokenizer: &Tokenizer) -> Result<Task> {
 /// without autodiff, and the other ranks' (with autodiff).
 fn learner_devices(recipe: &Recipe) -> Result<(Device, Vec<Device>)> {
     let devices = &recipe.distributed.devices;
-    let plain = devices.first().copied().unwrap_or(recipe.device).device()?;
+    let plain = recipe.distributed.run_device(recipe.device).device()?;
     let ranks = devices
         .iter()
         .skip(1)
