@@ -285,7 +285,7 @@ impl<'a> Sampler<'a> {
             .collect();
         let mut done: Vec<Option<Completion>> = vec![None; prompts.len()];
         // A stochastic draw through top-k / min-p / top-p: μ is renormalised, log S recorded.
-        let filtered = cfg.temperature != 0.0 && cfg.has_filters();
+        let filtered = cfg.draws_filtered();
         let mut done_versions: Vec<Vec<u64>> = vec![Vec::new(); prompts.len()];
         let mut version = updates.as_ref().map_or(0, |u| u.version);
         // The weights switched to (with their host copies), once an update arrived.

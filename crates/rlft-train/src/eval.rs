@@ -3,7 +3,7 @@
 
 use crate::Result;
 use crate::metrics::StepMetrics;
-use crate::rollout_side::collect::{rollout_config, sampling};
+use crate::rollout_side::collect::rollout_config;
 use crate::score::{is_correct, mean_std};
 use crate::trainer::Trainer;
 use burn::module::Module;
@@ -56,7 +56,11 @@ impl Trainer {
             return Ok(m);
         }
         let mean = |v: &[f64]| mean_std(v).0;
-        let greedy = self.eval_samples(step, 1, sampling(&self.recipe).with_temperature(0.0))?;
+        let greedy = self.eval_samples(
+            step,
+            1,
+            self.recipe.rollout.sampling().with_temperature(0.0),
+        )?;
         let all: Vec<f64> = greedy.iter().flat_map(|(_, c)| c.iter().copied()).collect();
         m.insert("eval/accuracy".into(), json!(mean(&all)));
         let mut by_source: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -69,7 +73,7 @@ impl Trainer {
             m.insert(format!("eval/{source}/accuracy"), json!(mean(&v)));
         }
         let k = self.recipe.eval.k.max(1);
-        let sampled = self.eval_samples(step, k, sampling(&self.recipe))?;
+        let sampled = self.eval_samples(step, k, self.recipe.rollout.sampling())?;
         let pass: Vec<f64> = sampled
             .iter()
             .map(|(_, c)| if c.iter().any(|&c| c > 0.0) { 1.0 } else { 0.0 })

@@ -4,7 +4,6 @@
 
 use crate::correction::{CorrectionSection, RatioReference};
 use crate::distributed::DistributedSection;
-use crate::{Result, TrainError};
 use rlft_algo::{AdvantageEstimator, KlEstimator, LossAggregation, RatioLevel};
 use rlft_model::device::DeviceSpec;
 use rlft_rollout::TaskKind;
@@ -13,6 +12,7 @@ use std::path::PathBuf;
 
 mod asynchrony;
 mod data;
+mod dtype;
 mod keys;
 mod load;
 pub(crate) mod losses;
@@ -25,6 +25,7 @@ pub use asynchrony::{AsyncMode, AsyncSection, MAX_LAG, MAX_STALENESS, MAX_WORKER
 pub use data::{
     DataSection, RewardKind, RewardTerm, ToolKind, ToolSpec, correctness_term, effective_terms,
 };
+pub use dtype::ModelDtype;
 pub use keys::RESUMABLE_KEYS;
 pub use load::ENV_PREFIX;
 pub use losses::{PrimeRlSection, ToprSection, VespoSection};
@@ -119,58 +120,6 @@ pub struct ModelSection {
     /// The float type the model computes in: `f32`, or `bf16` / `f16` with f32 master weights,
     /// f32 optimiser state and f32 log-probs and losses ([`ModelDtype`]).
     pub dtype: ModelDtype,
-}
-
-/// The float type of the model's forward passes (`model.dtype`).
-#[derive(
-    schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelDtype {
-    /// Everything in f32.
-    #[default]
-    F32,
-    /// bfloat16 passes: flex, CUDA, and Vulkan devices that report bf16 arithmetic.
-    Bf16,
-    /// float16 passes: flex, CUDA, and wgpu/Vulkan devices that report f16.
-    F16,
-}
-
-impl ModelDtype {
-    /// burn's float type.
-    pub fn float_dtype(self) -> burn::tensor::FloatDType {
-        match self {
-            Self::F32 => burn::tensor::FloatDType::F32,
-            Self::Bf16 => burn::tensor::FloatDType::BF16,
-            Self::F16 => burn::tensor::FloatDType::F16,
-        }
-    }
-
-    /// The recipe's name for it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-            Self::F16 => "f16",
-        }
-    }
-
-    /// Checks that `device` (from `spec`, set by recipe key `key`) computes in this type: burn
-    /// 0.22's ndarray backend has no half types, WGSL (plain wgpu) no bf16 and f16 only where
-    /// the adapter offers it.
-    pub fn check(self, device: &burn::tensor::Device, key: &str, spec: DeviceSpec) -> Result<()> {
-        if self == Self::F32 || device.supports_dtype(self.float_dtype()) {
-            return Ok(());
-        }
-        Err(TrainError::Recipe(format!(
-            "model.dtype = \"{}\": the {key} '{spec}' has no {} arithmetic (burn 0.22: ndarray \
-             has no half types; wgpu's WGSL has no bf16, and f16 only where the adapter offers \
-             it); set model.dtype = \"f32\", or use a device that has it: flex or cuda (bf16 \
-             and f16), vulkan where the GPU reports it",
-            self.name(),
-            self.name(),
-        )))
-    }
 }
 
 /// A small Llama-style model trained from scratch.
@@ -345,10 +294,21 @@ impl Default for RolloutSection {
 }
 
 impl RolloutSection {
-    /// Whether tokens are drawn through a filter (top-k, top-p or min-p at a temperature above
-    /// 0): μ is then the filtered, renormalised distribution's log-prob.
+    /// The sampler's settings.
+    pub fn sampling(&self) -> rlft_rollout::SamplingConfig {
+        rlft_rollout::SamplingConfig::new()
+            .with_temperature(self.temperature)
+            .with_top_k(self.top_k)
+            .with_top_p(self.top_p)
+            .with_min_p(self.min_p)
+            .with_sample_on(self.sample_on)
+            .with_max_new_tokens(self.max_new_tokens)
+    }
+
+    /// Whether tokens are drawn through a filter: μ is then the filtered, renormalised
+    /// distribution's log-prob ([`rlft_rollout::SamplingConfig::draws_filtered`]).
     pub fn filtered(&self) -> bool {
-        self.temperature > 0.0 && (self.top_k > 0 || self.top_p < 1.0 || self.min_p > 0.0)
+        self.sampling().draws_filtered()
     }
 }
 

@@ -102,4 +102,10 @@ impl SamplingConfig {
     pub fn has_filters(&self) -> bool {
         self.top_k > 0 || self.top_p < 1.0 || self.min_p > 0.0
     }
+
+    /// Whether tokens are drawn through a filter: a filter at a temperature above 0 (greedy
+    /// decoding ignores the filters). μ is then the filtered, renormalised log-prob.
+    pub fn draws_filtered(&self) -> bool {
+        self.temperature != 0.0 && self.has_filters()
+    }
 }

@@ -166,11 +166,7 @@ impl Recipe {
                 format!("must be in [0, 1) (0 keeps every token), got {}", r.min_p),
             );
         }
-        rlft_rollout::SamplingConfig::new()
-            .with_temperature(r.temperature)
-            .with_top_k(r.top_k)
-            .with_top_p(r.top_p)
-            .with_min_p(r.min_p)
+        r.sampling()
             .validate()
             .or_else(|e| bad("rollout", e.to_string()))?;
         for (k, v) in [

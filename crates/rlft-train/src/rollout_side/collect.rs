@@ -66,18 +66,6 @@ pub struct RolloutSide {
 /// Asked before every decode step for newer weights (interruptible generation).
 pub type Poll<'p> = &'p mut dyn FnMut() -> Option<WeightUpdate>;
 
-/// The sampling settings of `recipe.rollout`.
-pub(crate) fn sampling(recipe: &Recipe) -> SamplingConfig {
-    let r = &recipe.rollout;
-    SamplingConfig::new()
-        .with_temperature(r.temperature)
-        .with_top_k(r.top_k)
-        .with_top_p(r.top_p)
-        .with_min_p(r.min_p)
-        .with_sample_on(r.sample_on)
-        .with_max_new_tokens(r.max_new_tokens)
-}
-
 /// `recipe.rollout`'s generation limits with `group_size` samples per prompt.
 pub(crate) fn rollout_config(
     recipe: &Recipe,
@@ -108,7 +96,7 @@ impl RolloutSide {
             rewards,
             train_set,
             prompts_per_step: recipe.rollout.prompts_per_step,
-            config: rollout_config(recipe, recipe.rollout.group_size, sampling(recipe)),
+            config: rollout_config(recipe, recipe.rollout.group_size, recipe.rollout.sampling()),
             dynamic_sampling: a.dynamic_sampling,
             rounds: if a.dynamic_sampling {
                 a.max_gen_batches
