@@ -147,6 +147,7 @@ fn main() -> Result<()> {
                     reward: Some(even as f64 / c.tokens.len() as f64),
                     behaviour_logprobs: c.logprobs,
                     filter_log_mass: c.log_kept_mass.iter().map(|&m| f64::from(m)).sum(),
+                    kept_ids: c.kept_ids,
                     response_ids: c.tokens,
                     version: step as u64,
                     finish_reason: FinishReason::Length,

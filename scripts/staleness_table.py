@@ -1,51 +1,111 @@
 #!/usr/bin/env python3
 """The staleness experiment's table from its metrics files (scripts/staleness_experiment.sh).
 
-Per recipe, arm and lag, over the seeds found: held-out accuracy at the end (each seed), the
-first evaluation step with held-out accuracy >= 0.9 (each seed; '-' when never), and the mismatch
-KL between mu and the policy the arm compares it with, averaged over every RL step of every seed
-(offpolicy/kl, k1, and offpolicy/k3_kl).
+One row per lag and arm, over the seeds found: the final held-out accuracy of each seed, the first
+evaluation step whose held-out accuracy is >= 0.9 (each seed; '-' when never), the mismatch KL
+between mu and the policy the arm compares it with (offpolicy/kl, k1), averaged over every RL step
+of every seed, and the mean seconds per RL step (time/step_s). After each table: whether the arms
+separate at the largest lag (best and worst arm's mean final accuracy differ by >= 0.10 and by
+more than the seed spread, the larger of the two arms' max - min over seeds).
 
-    python3 scripts/staleness_table.py [docs/runs/staleness]
+    python3 scripts/staleness_table.py [FOLDER] [--recipe NAME]
+        FOLDER: docs/runs/staleness by default; NAME: only that recipe's runs
 """
+import argparse
 import gzip
 import json
 import pathlib
 import re
-import sys
 from collections import defaultdict
 
-ARMS = ["none", "recompute", "decoupled-tis", "decoupled-icepop", "ctpo-mu"]
-folder = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "docs/runs/staleness")
+# Longest names first, so a name that extends another is matched whole.
+ARMS = [
+    "decoupled-tis-loglinear",
+    "decoupled-icepop",
+    "decoupled-m2po",
+    "decoupled-tis",
+    "replay-topp",
+    "none-topp",
+    "recompute",
+    "opsm-trl",
+    "ctpo-mu",
+    "vespo",
+    "none",
+]
+ORDER = [
+    "none",
+    "recompute",
+    "decoupled-tis",
+    "decoupled-icepop",
+    "ctpo-mu",
+    "decoupled-m2po",
+    "opsm-trl",
+    "vespo",
+    "decoupled-tis-loglinear",
+    "none-topp",
+    "replay-topp",
+]
+
+parser = argparse.ArgumentParser()
+parser.add_argument("folder", nargs="?", default="docs/runs/staleness")
+parser.add_argument("--recipe")
+args = parser.parse_args()
+
 runs = defaultdict(dict)
-for f in sorted(folder.glob("*.jsonl.gz")):
-    m = re.fullmatch(r"(.+)-(" + "|".join(ARMS) + r")-lag(\d+)-seed(\d+)\.jsonl\.gz", f.name)
-    if not m:
+pattern = re.compile(r"(.+)-(" + "|".join(ARMS) + r")-lag(\d+)-seed(\d+)\.jsonl\.gz")
+for f in sorted(pathlib.Path(args.folder).glob("*.jsonl.gz")):
+    m = pattern.fullmatch(f.name)
+    if not m or (args.recipe and m.group(1) != args.recipe):
         continue
     recipe, arm, lag, seed = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
-    rows = [json.loads(l) for l in gzip.open(f, "rt") if l.strip()]
+    rows = [json.loads(line) for line in gzip.open(f, "rt") if line.strip()]
     runs[(recipe, lag, arm)][seed] = rows
 
-def fmt(x):
+
+def mean(v):
+    return sum(v) / len(v) if v else None
+
+
+def sci(x):
     return "–" if x is None else f"{x:.1e}"
 
+
 for recipe in sorted({k[0] for k in runs}):
-    print(f"\n{recipe}\n")
-    print("| lag | arm | final held-out accuracy (seeds) | first eval step ≥ 0.9 | mean `offpolicy/kl` | mean `offpolicy/k3_kl` |")
+    if not args.recipe:
+        print(f"\n{recipe}\n")
+    print("| lag | arm | final held-out accuracy (seeds) | steps to 0.9 | mean `offpolicy/kl` | step s |")
     print("|---|---|---|---|---|---|")
-    for lag in sorted({k[1] for k in runs if k[0] == recipe}):
-        for arm in ARMS:
+    lags = sorted({k[1] for k in runs if k[0] == recipe})
+    finals_at = {}
+    for lag in lags:
+        for arm in ORDER:
             seeds = runs.get((recipe, lag, arm))
             if not seeds:
                 continue
-            finals, firsts, kl, k3 = [], [], [], []
+            finals, firsts, kl, step_s = [], [], [], []
             for s in sorted(seeds):
                 rows = seeds[s]
                 evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-                finals.append(f"{evals[-1][1]:.2f}")
+                finals.append(evals[-1][1])
                 hit = [st for st, a in evals if a >= 0.9]
                 firsts.append(str(hit[0]) if hit else "-")
                 kl += [r["offpolicy/kl"] for r in rows if "offpolicy/kl" in r]
-                k3 += [r["offpolicy/k3_kl"] for r in rows if "offpolicy/k3_kl" in r]
-            mean = lambda v: sum(v) / len(v) if v else None
-            print(f"| {lag} | `{arm}` | {' / '.join(finals)} | {' / '.join(firsts)} | {fmt(mean(kl))} | {fmt(mean(k3))} |")
+                step_s += [r["time/step_s"] for r in rows if r.get("step", 0) > 0 and "time/step_s" in r]
+            finals_at[(lag, arm)] = finals
+            print(
+                f"| {lag} | `{arm}` | {' / '.join(f'{a:.2f}' for a in finals)} "
+                f"| {' / '.join(firsts)} | {sci(mean(kl))} | {mean(step_s):.3f} |"
+            )
+    top = lags[-1]
+    at_top = {a: f for (lag, a), f in finals_at.items() if lag == top}
+    if len(at_top) > 1:
+        best = max(at_top, key=lambda a: mean(at_top[a]))
+        worst = min(at_top, key=lambda a: mean(at_top[a]))
+        gap = mean(at_top[best]) - mean(at_top[worst])
+        spread = max(max(at_top[a]) - min(at_top[a]) for a in (best, worst))
+        verdict = "separate" if gap >= 0.10 and gap > spread else "do not separate"
+        print(
+            f"\nAt lag {top} the arms {verdict}: best `{best}` {mean(at_top[best]):.3f}, worst "
+            f"`{worst}` {mean(at_top[worst]):.3f} (mean final accuracy), a gap of {gap:.3f} "
+            f"against a seed spread of {spread:.2f}."
+        )

@@ -3,8 +3,8 @@
 use crate::aggregation::{GlobalBatchInfo, LossAggregation, aggregate_loss};
 use crate::logprob::scale_by_temperature;
 use crate::{Result, masked::check_shape};
-use burn::tensor::Tensor;
 use burn::tensor::activation::log_softmax;
+use burn::tensor::{Bool, Int, Tensor};
 
 /// Entropy `H = −Σ_v p_v log p_v` of the softmax over the vocabulary at every position
 /// (equal to `logsumexp(z) − Σ softmax(z)·z`), differentiable with respect to `logits`.
@@ -14,6 +14,25 @@ use burn::tensor::activation::log_softmax;
 pub fn entropy_from_logits(logits: Tensor<3>, temperature: Option<f64>) -> Result<Tensor<2>> {
     let logits = scale_by_temperature(logits, temperature)?;
     let logp = log_softmax(logits, 2);
+    let p = logp.clone().exp();
+    Ok((p * logp).sum_dim(2).squeeze_dim::<2>(2).neg())
+}
+
+/// [`entropy_from_logits`] under a sampling mask: the entropy of the renormalised
+/// distribution over each position's kept set ([`crate::logprob::kept_log_softmax`]; padded
+/// slots contribute exactly 0).
+///
+/// # Shapes
+/// - `logits`: `[batch, T, vocab]`
+/// - `kept`, `padding`: `[batch, T, K]`
+/// - output: `[batch, T]`
+pub fn entropy_over_kept(
+    logits: Tensor<3>,
+    kept: Tensor<3, Int>,
+    padding: Tensor<3, Bool>,
+    temperature: Option<f64>,
+) -> Result<Tensor<2>> {
+    let logp = crate::logprob::kept_log_softmax(logits, kept, padding, temperature)?;
     let p = logp.clone().exp();
     Ok((p * logp).sum_dim(2).squeeze_dim::<2>(2).neg())
 }
@@ -44,7 +63,7 @@ pub fn entropy_bonus(
 mod tests {
     use super::*;
     use crate::masked::to_host;
-    use burn::tensor::Device;
+    use burn::tensor::{Device, TensorData};
 
     #[test]
     fn uniform_has_log_v_entropy() {
@@ -52,5 +71,16 @@ mod tests {
         let logits = Tensor::<3>::zeros([2, 3, 7], &dev);
         let h = to_host(&entropy_from_logits(logits, None).unwrap()).unwrap();
         assert!(h.iter().all(|v| (v - 7f64.ln()).abs() < 1e-5));
+    }
+
+    #[test]
+    fn kept_set_entropy_ignores_the_rest_and_the_padding() {
+        let dev = Device::flex();
+        let logits = Tensor::<3>::from_floats([[[0.0, 0.0, 0.0, 9.0, 0.0]]], &dev);
+        let kept = Tensor::<3, Int>::from_data(TensorData::from([[[0i64, 1, 2, 0]]]), &dev);
+        let padding =
+            Tensor::<3, Bool>::from_data(TensorData::from([[[false, false, false, true]]]), &dev);
+        let h = to_host(&entropy_over_kept(logits, kept, padding, Some(0.5)).unwrap()).unwrap();
+        assert!((h[0] - 3f64.ln()).abs() < 1e-6, "{h:?}");
     }
 }

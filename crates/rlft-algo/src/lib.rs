@@ -41,10 +41,10 @@ pub mod value;
 pub use advantage::{AdvantageEstimator, AdvantageInput, AdvantageOutput};
 pub use aggregation::{GlobalBatchInfo, LossAggregation, aggregate_loss};
 pub use clip::{ClipRange, CtpoBounds};
-pub use entropy::{entropy_bonus, entropy_from_logits};
+pub use entropy::{entropy_bonus, entropy_from_logits, entropy_over_kept};
 pub use error::{AlgoError, Result};
 pub use kl::{AdaptiveKlController, KlEstimator, kl_penalty};
-pub use logprob::logprobs_from_logits;
+pub use logprob::{kept_log_softmax, logprobs_from_logits, logprobs_over_kept};
 pub use loss::{
     LossRegistry, PolicyLoss, PolicyLossConfig, PolicyLossInput, PolicyLossMetrics,
     PolicyLossOutput, Preset,

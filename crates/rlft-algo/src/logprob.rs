@@ -3,7 +3,7 @@
 use crate::masked::check_shape;
 use crate::{AlgoError, Result};
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Bool, Int, Tensor};
 
 /// `log softmax(logits / temperature)[label]` per position, computed stably (max-shifted
 /// log-sum-exp) and differentiable with respect to `logits`.
@@ -32,6 +32,66 @@ pub fn logprobs_from_logits(
     let logits = scale_by_temperature(logits, temperature)?;
     Ok(log_softmax(logits, 2)
         .gather(2, labels.unsqueeze_dim::<3>(2))
+        .squeeze_dim::<2>(2))
+}
+
+/// Where a kept set is padded: the logit a padded slot gets before the softmax, far below any
+/// real (temperature-scaled) logit and finite in f16, so its probability is exactly 0 and its
+/// `p · log p` is 0 (not `0 · ∞`).
+const PADDED_LOGIT: f64 = -3.0e4;
+
+/// `log softmax` of the temperature-scaled logits over each position's *kept set* (a
+/// sampling mask: the tokens top-k / min-p / top-p left to draw from) instead of the whole
+/// vocabulary: `z_k − logsumexp_{j ∈ kept} z_j`. Differentiable with respect to `logits`; the
+/// gradient of a kept logit is the softmax over the kept set, the others get none.
+///
+/// `kept[b, t, ..]` lists token ids, `padding` marks the slots past a position's set (their
+/// ids must still index the vocabulary; padded slots come out as a very negative number, not
+/// a log-probability).
+///
+/// # Shapes
+/// - `logits`: `[batch, T, vocab]`
+/// - `kept`, `padding`: `[batch, T, K]`
+/// - output: `[batch, T, K]`
+pub fn kept_log_softmax(
+    logits: Tensor<3>,
+    kept: Tensor<3, Int>,
+    padding: Tensor<3, Bool>,
+    temperature: Option<f64>,
+) -> Result<Tensor<3>> {
+    let [b, t, _] = logits.dims();
+    let k = kept.dims()[2];
+    for (name, got) in [("kept", kept.dims()), ("padding", padding.dims())] {
+        if got[..2] != [b, t] || got[2] != k {
+            return Err(AlgoError::ShapeMismatch {
+                name,
+                expected: format!("[batch, T, K] = [{b}, {t}, {k}] to match logits and kept"),
+                got: got.to_vec(),
+            });
+        }
+    }
+    let z = scale_by_temperature(logits, temperature)?
+        .gather(2, kept)
+        .mask_fill(padding, PADDED_LOGIT);
+    Ok(log_softmax(z, 2))
+}
+
+/// [`logprobs_from_logits`] under a sampling mask: the log-probability of each position's
+/// label in the renormalised distribution over its kept set, `z_y − logsumexp_{j ∈ kept} z_j`
+/// ([`kept_log_softmax`]). The label is slot 0 of `kept`.
+///
+/// # Shapes
+/// - `logits`: `[batch, T, vocab]`
+/// - `kept`, `padding`: `[batch, T, K]`, `kept[.., .., 0]` the labels
+/// - output: `[batch, T]`
+pub fn logprobs_over_kept(
+    logits: Tensor<3>,
+    kept: Tensor<3, Int>,
+    padding: Tensor<3, Bool>,
+    temperature: Option<f64>,
+) -> Result<Tensor<2>> {
+    Ok(kept_log_softmax(logits, kept, padding, temperature)?
+        .narrow(2, 0, 1)
         .squeeze_dim::<2>(2))
 }
 
@@ -88,5 +148,39 @@ mod tests {
         assert!(logprobs_from_logits(logits.clone(), labels, None).is_err());
         let labels = Tensor::<2, Int>::zeros([1, 2], &dev);
         assert!(logprobs_from_logits(logits, labels, Some(0.0)).is_err());
+    }
+
+    #[test]
+    fn kept_sets_renormalise_over_their_tokens_only() {
+        let dev = Device::flex();
+        let z = [[1.0f32, 2.0, 3.0, -1.0], [0.5, 0.5, 4.0, 2.0]];
+        let logits = Tensor::<3>::from_floats([z], &dev);
+        // Position 0 keeps {1, 2} (label 1), position 1 keeps {2, 3, 0} (label 3); slot 2 of
+        // position 0 is padding.
+        let kept = Tensor::<3, Int>::from_data(TensorData::from([[[1i64, 2, 1], [3, 2, 0]]]), &dev);
+        let padding = Tensor::<3, Bool>::from_data(
+            TensorData::from([[[false, false, true], [false, false, false]]]),
+            &dev,
+        );
+        for temperature in [None, Some(0.7)] {
+            let tau = temperature.unwrap_or(1.0);
+            let lp = to_host(
+                &logprobs_over_kept(logits.clone(), kept.clone(), padding.clone(), temperature)
+                    .unwrap(),
+            )
+            .unwrap();
+            let over = |row: &[f32; 4], set: &[usize], y: usize| {
+                let lse = set
+                    .iter()
+                    .map(|&j| (f64::from(row[j]) / tau).exp())
+                    .sum::<f64>()
+                    .ln();
+                f64::from(row[y]) / tau - lse
+            };
+            assert!((lp[0] - over(&z[0], &[1, 2], 1)).abs() < 1e-6, "{lp:?}");
+            assert!((lp[1] - over(&z[1], &[3, 2, 0], 3)).abs() < 1e-6, "{lp:?}");
+        }
+        let short = Tensor::<3, Bool>::from_data(TensorData::from([[[false, true]]]), &dev);
+        assert!(logprobs_over_kept(logits, kept, short, None).is_err());
     }
 }

@@ -19,6 +19,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use rlft_model::{ForwardInput, Transformer};
 use std::collections::HashMap;
 
+mod kept;
+
 /// Widths tried for the bins, as multiples of the longest row: the narrowest of the least
 /// total area wins (attention grows with the square of the width).
 const WIDTHS: [usize; 4] = [1, 2, 3, 4];
@@ -43,6 +45,8 @@ pub struct LearnerBatch {
     slots: Vec<i64>,
     n: usize,
     r: usize,
+    /// Each response token's sampling mask, when the batch carries one.
+    kept: Option<kept::KeptSets>,
     device: Device,
 }
 
@@ -163,6 +167,7 @@ impl LearnerBatch {
             slots,
             n,
             r,
+            kept: None,
             device: device.clone(),
         }
     }
@@ -235,15 +240,15 @@ impl LearnerBatch {
     }
 
     /// Log-probabilities `[n, R]` of the response tokens under `model` at `temperature` (see
-    /// [`rlft_algo::logprobs_from_logits`]), zeros past each response.
+    /// [`rlft_algo::logprobs_from_logits`]; over each token's kept set with a sampling mask,
+    /// [`LearnerBatch::with_kept_sets`]), zeros past each response.
     pub fn logprobs(
         &self,
         model: &Transformer,
         temperature: Option<f64>,
     ) -> rlft_algo::Result<Tensor<2>> {
         let logits = self.response_logits(model);
-        let lp = rlft_algo::logprobs_from_logits(logits, self.targets(), temperature)?;
-        Ok(self.rows(lp))
+        Ok(self.rows(self.head_logprobs(logits, (0, self.tokens()), temperature)?))
     }
 
     /// Per-response-token values `[1, T]` laid out as `[n, R]`, zeros past each response.
@@ -305,12 +310,13 @@ impl LearnerBatch {
             return self.logprobs(model, temperature);
         }
         let h = model.hidden_at(&self.input(), self.predict_positions());
-        let targets = self.targets_flat();
         let mut parts = Vec::new();
         for (start, len) in self.chunks(chunk) {
             let logits = model.output_head(h.clone().narrow(0, start, len).unsqueeze::<3>());
-            let t = targets.clone().narrow(0, start, len).unsqueeze::<2>();
-            parts.push(rlft_algo::logprobs_from_logits(logits, t, temperature)?.detach());
+            parts.push(
+                self.head_logprobs(logits, (start, len), temperature)?
+                    .detach(),
+            );
         }
         Ok(self.rows(Tensor::cat(parts, 1)))
     }

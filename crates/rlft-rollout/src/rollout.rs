@@ -46,6 +46,11 @@ pub struct Trajectory {
     /// kept (0 without filters; [`crate::Draw::log_kept_mass`]), summed in f64.
     #[serde(default)]
     pub filter_log_mass: f64,
+    /// With [`SamplingConfig::kept_ids_max`] > 0, the sampling mask of each response token
+    /// ([`crate::Draw::kept_ids`]; `None` for observations and overflowed kept sets); empty
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_ids: Vec<Option<Vec<u32>>>,
     /// The oldest policy version among its tokens (the version that sampled it, unless new
     /// weights reached the generation midway: [`Trajectory::token_versions`]).
     pub version: u64,
@@ -75,6 +80,16 @@ impl Trajectory {
     /// Number of model-generated tokens.
     pub fn generated_len(&self) -> usize {
         self.loss_mask.iter().filter(|&&m| m == 1).count()
+    }
+
+    /// Model-generated tokens without a recorded sampling mask ([`Trajectory::kept_ids`]): all
+    /// of them when none was recorded, else those whose kept set overflowed.
+    pub fn sampling_mask_overflow(&self) -> usize {
+        self.loss_mask
+            .iter()
+            .enumerate()
+            .filter(|&(j, &m)| m == 1 && !matches!(self.kept_ids.get(j), Some(Some(_))))
+            .count()
     }
 
     /// The policy version that sampled each model-generated token (observations left out).
@@ -137,6 +152,8 @@ struct Episode {
     logprobs: Vec<f32>,
     /// Σ log S over the model's tokens.
     filter_log_mass: f64,
+    /// Each response token's sampling mask, when recorded.
+    kept_ids: Vec<Option<Vec<u32>>>,
     versions: Vec<u64>,
     finish: FinishReason,
     truncated: bool,
@@ -219,6 +236,7 @@ pub fn rollout_updating(
                 loss_mask: Vec::new(),
                 logprobs: Vec::new(),
                 filter_log_mass: 0.0,
+                kept_ids: Vec::new(),
                 versions: Vec::new(),
                 finish: FinishReason::Length,
                 truncated: false,
@@ -235,6 +253,7 @@ pub fn rollout_updating(
     let mut current_version = version;
     let mut stop_strings = cfg.sampling.stop_strings.clone();
     stop_strings.extend(env.stop_strings());
+    let record_kept = cfg.sampling.kept_ids_max > 0;
     let start = std::time::Instant::now();
     for turn in 0..cfg.max_turns.max(1) {
         let active: Vec<usize> = (0..episodes.len()).filter(|&i| !episodes[i].done).collect();
@@ -295,6 +314,11 @@ pub fn rollout_updating(
                 e.loss_mask.extend(std::iter::repeat_n(1u8, c.tokens.len()));
                 e.logprobs.extend(&c.logprobs);
                 e.filter_log_mass += c.log_kept_mass.iter().map(|&m| f64::from(m)).sum::<f64>();
+                if record_kept {
+                    e.kept_ids.extend(c.kept_ids);
+                    let n = e.context.len() - e.prompt_len;
+                    e.kept_ids.resize(n, None);
+                }
                 e.turns += 1;
                 e.finish = c.finish_reason;
                 e.truncated = c.finish_reason == FinishReason::Length;
@@ -321,6 +345,9 @@ pub fn rollout_updating(
                     e.versions.extend(std::iter::repeat_n(current_version, n));
                     e.loss_mask.extend(std::iter::repeat_n(0u8, n));
                     e.logprobs.extend(std::iter::repeat_n(0.0f32, n));
+                    if record_kept {
+                        e.kept_ids.extend(std::iter::repeat_n(None, n));
+                    }
                     if n < obs.len() {
                         e.done = true;
                         e.truncated = true;
@@ -385,6 +412,7 @@ pub fn rollout_updating(
             loss_mask: e.loss_mask,
             behaviour_logprobs: e.logprobs,
             filter_log_mass: e.filter_log_mass,
+            kept_ids: e.kept_ids,
             version: oldest,
             token_versions: e.versions,
             finish_reason: e.finish,

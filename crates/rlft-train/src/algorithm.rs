@@ -114,7 +114,8 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
         bypass_applies_weights: !registry
             .uses_importance_ratio(&a.loss)
             .map_err(|e| TrainError::Recipe(format!("algorithm.loss: {e}")))?,
-        filtered_sampling: recipe.rollout.filtered(),
+        filtered_sampling: recipe.rollout.filtered()
+            && a.sampling_mask == crate::correction::SamplingMask::Off,
         loglinear_prox: a.correction.prox == crate::correction::ProxMethod::Loglinear,
         opsm: (a.correction.opsm != crate::correction::Opsm::Off)
             .then(|| (a.correction.opsm, a.correction.opsm_delta.unwrap_or(0.0))),

@@ -112,6 +112,19 @@ pub enum TrainVersions {
     Current,
 }
 
+/// Whether the learner replays the sampler's filters (`algorithm.sampling_mask`).
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum SamplingMask {
+    /// Log-probs over the whole vocabulary.
+    #[default]
+    Off,
+    /// Log-probs and entropies over each token's kept set (needs top-k, min-p or top-p).
+    Replay,
+}
+
 /// A threshold as a number (`2.0`) or text (`"0.5_5.0"`).
 #[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]

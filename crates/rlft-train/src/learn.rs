@@ -430,7 +430,13 @@ impl Trainer {
     pub(crate) fn pack_on(&self, rows: &[&Row], device: &Device) -> LearnerBatch {
         let seqs: Vec<(&[i64], usize)> = rows.iter().map(|r| (&r.ids[..], r.prompt_len)).collect();
         let pad = self.tokenizer.pad_id.unwrap_or(0) as i64;
-        LearnerBatch::new(&seqs, pad, device)
+        let batch = LearnerBatch::new(&seqs, pad, device);
+        if rows.iter().any(|r| !r.kept.is_empty()) {
+            let kept: Vec<&[Option<Vec<u32>>]> = rows.iter().map(|r| &r.kept[..]).collect();
+            batch.with_kept_sets(&kept)
+        } else {
+            batch
+        }
     }
 
     /// The per-response-token values `field` of the rows packed as `batch`, as `[n, R]` (`R` the

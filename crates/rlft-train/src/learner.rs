@@ -21,7 +21,6 @@
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
-use rlft_algo::{entropy_from_logits, logprobs_from_logits};
 use rlft_model::Transformer;
 use rlft_rollout::LearnerBatch;
 
@@ -48,7 +47,9 @@ pub struct LearnerInputs {
 
 impl LearnerInputs {
     /// The scored trajectories of `groups` on `device`; `pad_id` fills the layout's padding
-    /// (the tokenizer's pad or end-of-sequence id).
+    /// (the tokenizer's pad or end-of-sequence id). Trajectories that carry sampling masks
+    /// (sampled with [`rlft_rollout::SamplingConfig::kept_ids_max`] > 0) are scored over their
+    /// kept sets ([`LearnerBatch::with_kept_sets`]), and their tokens without one are masked.
     pub fn from_groups(groups: &[rlft_rollout::Group], pad_id: i64, device: &Device) -> Self {
         let rows: Vec<(usize, &rlft_rollout::Trajectory)> = groups
             .iter()
@@ -71,12 +72,19 @@ impl LearnerInputs {
             .zip(&rows)
             .map(|(i, (_, t))| (&i[..], t.prompt_ids.len()))
             .collect();
-        let batch = LearnerBatch::new(&layout, pad_id, device);
+        let mut batch = LearnerBatch::new(&layout, pad_id, device);
+        let replay = rows.iter().any(|(_, t)| !t.kept_ids.is_empty());
+        if replay {
+            let kept: Vec<&[Option<Vec<u32>>]> =
+                rows.iter().map(|(_, t)| &t.kept_ids[..]).collect();
+            batch = batch.with_kept_sets(&kept);
+        }
         let (n, r) = (batch.rows_len(), batch.response_len());
         let (mut mask, mut mu, mut rew) = (vec![0f32; n * r], vec![0f32; n * r], vec![0f32; n * r]);
         for (k, (_, t)) in rows.iter().enumerate() {
             for (j, (&m, &lp)) in t.loss_mask.iter().zip(&t.behaviour_logprobs).enumerate() {
-                mask[k * r + j] = f32::from(m);
+                let kept = !replay || matches!(t.kept_ids.get(j), Some(Some(_)));
+                mask[k * r + j] = if kept { f32::from(m) } else { 0.0 };
                 mu[k * r + j] = lp;
             }
             if let Some(last) = t.loss_mask.iter().rposition(|&m| m == 1) {
@@ -161,38 +169,26 @@ pub fn chunked_backward<T, E: From<rlft_algo::AlgoError>>(
     if chunk >= batch.tokens() {
         // One chunk: the plain graph (the same numbers as the trainer has always computed).
         let logits = batch.response_logits(model);
-        let lp = batch.rows(logprobs_from_logits(
-            logits.clone(),
-            batch.targets(),
-            temperature,
-        )?);
-        let logits = if entropy_grad {
-            logits
-        } else {
-            logits.detach()
-        };
-        let ent = batch.rows(entropy_from_logits(logits, temperature)?);
-        let out = loss(lp, ent)?;
+        let (lp, ent) =
+            batch.head_scores(logits, (0, batch.tokens()), temperature, entropy_grad)?;
+        let out = loss(batch.rows(lp), batch.rows(ent))?;
         let grads = GradientsParams::from_grads(out.loss.backward(), model);
         return Ok((grads, out.extra));
     }
     // 1. Hidden states at the response positions, with the trunk's graph.
     let h = model.hidden_at(&batch.input(), batch.predict_positions());
-    let targets = batch.targets_flat();
     let chunks = batch.chunks(chunk);
     let slice = |x: &Tensor<1>, (s, l): (usize, usize)| x.clone().narrow(0, s, l).unsqueeze::<2>();
     let head = |h: Tensor<2>, (s, l): (usize, usize)| {
-        let logits = model.output_head(h.narrow(0, s, l).unsqueeze::<3>());
-        let t = targets.clone().narrow(0, s, l).unsqueeze::<2>();
-        (logits, t)
+        model.output_head(h.narrow(0, s, l).unsqueeze::<3>())
     };
     // 2. Values chunk by chunk, no graph kept.
     let (mut lps, mut ents) = (Vec::new(), Vec::new());
     for &c in &chunks {
-        let (logits, t) = head(h.clone().detach(), c);
-        let logits = logits.detach();
-        lps.push(logprobs_from_logits(logits.clone(), t, temperature)?);
-        ents.push(entropy_from_logits(logits, temperature)?);
+        let logits = head(h.clone().detach(), c).detach();
+        let (lp, ent) = batch.head_scores(logits, c, temperature, false)?;
+        lps.push(lp);
+        ents.push(ent);
     }
     // 3. The loss on the values as leaves.
     let lp_leaf = Tensor::cat(lps, 1).detach().require_grad();
@@ -225,12 +221,14 @@ pub fn chunked_backward<T, E: From<rlft_algo::AlgoError>>(
     let g_lp = Tensor::from_inner(g_lp);
     let g_ent = g_ent.map(Tensor::from_inner);
     for &c in &chunks {
-        let (logits, tg) = head(h_leaf.clone(), c);
-        let mut s =
-            (logprobs_from_logits(logits.clone(), tg, temperature)? * slice(&g_lp, c)).sum();
-        if let Some(ge) = &g_ent {
-            s = s + (entropy_from_logits(logits, temperature)? * slice(ge, c)).sum();
-        }
+        let logits = head(h_leaf.clone(), c);
+        let s = match &g_ent {
+            Some(ge) => {
+                let (lp, ent) = batch.head_scores(logits, c, temperature, true)?;
+                (lp * slice(&g_lp, c)).sum() + (ent * slice(ge, c)).sum()
+            }
+            None => (batch.head_logprobs(logits, c, temperature)? * slice(&g_lp, c)).sum(),
+        };
         let mut gc = s.backward();
         if let Some(x) = h_leaf.grad_remove(&mut gc) {
             g_h = Some(match g_h {
@@ -294,14 +292,28 @@ mod tests {
     }
 
     /// Chunked log-probs equal the one-pass ones; the chunked gradient of a loss that mixes
-    /// log-probs, entropy and a per-row sum equals the one-pass gradient.
+    /// log-probs, entropy and a per-row sum equals the one-pass gradient — over the whole
+    /// vocabulary and over sampling masks.
     #[test]
     fn chunks_give_the_same_values_and_gradients() {
         let device = Device::flex().autodiff();
         let model = TransformerConfig::new(64, 16, 32, 1, 2, 1, 8)
             .with_tie_word_embeddings(true)
             .init_seeded(&device, 7);
-        let b = batch(&device);
+        let kept_a = [
+            Some(vec![3, 8, 9]),
+            Some(vec![7, 1]),
+            None,
+            Some(vec![21, 5, 6, 60]),
+        ];
+        let kept_c = [Some(vec![40, 41]), Some(vec![41, 2, 3]), Some(vec![42])];
+        let masked = batch(&device).with_kept_sets(&[&kept_a[..], &[], &kept_c[..]]);
+        for b in [batch(&device), masked] {
+            same_values_and_gradients(&model, &b);
+        }
+    }
+
+    fn same_values_and_gradients(model: &Transformer, b: &LearnerBatch) {
         let t = b.tokens();
         let plain = flat(b.logprobs(&model.valid(), Some(0.7)).unwrap());
         for chunk in [1, 3, t] {
@@ -322,7 +334,7 @@ mod tests {
             Ok(LossOut { loss: l, extra: () })
         };
         let grads_of = |chunk: usize| {
-            let (g, ()) = chunked_backward(&b, &model, Some(0.7), chunk, true, loss).unwrap();
+            let (g, ()) = chunked_backward(b, model, Some(0.7), chunk, true, loss).unwrap();
             let mut out = Vec::new();
             struct Collect<'a>(&'a GradientsParams, &'a mut Vec<f32>);
             impl burn::module::ModuleVisitor for Collect<'_> {

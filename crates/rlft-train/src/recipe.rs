@@ -2,7 +2,7 @@
 //! overrides, merged with the `config` crate into serde structs. Unknown keys are rejected naming
 //! the nearest valid key; every value is range-checked before any model is loaded.
 
-use crate::correction::{CorrectionSection, RatioReference};
+use crate::correction::{CorrectionSection, RatioReference, SamplingMask};
 use crate::distributed::DistributedSection;
 use rlft_algo::{AdvantageEstimator, KlEstimator, LossAggregation, RatioLevel};
 use rlft_model::device::DeviceSpec;
@@ -272,6 +272,9 @@ pub struct RolloutSection {
     /// Async mode: the rollout workers' device (`cpu`, `cuda:1`, …; default the learner's).
     #[schemars(with = "Option<named::DeviceName>")]
     pub device: Option<DeviceSpec>,
+    /// With `algorithm.sampling_mask = "replay"`: the largest kept set recorded per sampled
+    /// token; a token whose filters kept more gets no loss (`rollout/sampling_mask_overflow`).
+    pub sampling_mask_max_ids: usize,
 }
 
 impl Default for RolloutSection {
@@ -289,6 +292,7 @@ impl Default for RolloutSection {
             min_p: 0.0,
             sample_on: rlft_rollout::SampleOn::Auto,
             device: None,
+            sampling_mask_max_ids: 1024,
         }
     }
 }
@@ -303,6 +307,16 @@ impl RolloutSection {
             .with_min_p(self.min_p)
             .with_sample_on(self.sample_on)
             .with_max_new_tokens(self.max_new_tokens)
+    }
+
+    /// The sampler's settings for training rollouts: [`RolloutSection::sampling`], recording
+    /// kept sets (up to `sampling_mask_max_ids`) when `replay` asks for them.
+    pub fn training_sampling(&self, replay: SamplingMask) -> rlft_rollout::SamplingConfig {
+        let max = match replay {
+            SamplingMask::Replay => self.sampling_mask_max_ids,
+            SamplingMask::Off => 0,
+        };
+        self.sampling().with_kept_ids_max(max)
     }
 
     /// Whether tokens are drawn through a filter: μ is then the filtered, renormalised
@@ -386,6 +400,10 @@ pub struct AlgorithmSection {
     pub kl_horizon: Option<f64>,
     /// `[algorithm.correction]`: the ratio's anchor and the off-policy correction.
     pub correction: CorrectionSection,
+    /// `off`, or `replay`: the sampler records each token's kept set under top-k / min-p /
+    /// top-p, and the learner takes every log-prob (π_θ, π_old, π_ref) and entropy over that
+    /// set of its own logits, so μ and the learner's π are one distribution.
+    pub sampling_mask: SamplingMask,
     /// TRL's bias-corrected KL: each token's reference KL is multiplied by the importance
     /// ratio (not detached).
     pub kl_bias_correction: bool,
@@ -418,6 +436,7 @@ impl Default for AlgorithmSection {
             micro_batch_size: 64,
             micro_batch_tokens: 0,
             logits_chunk_tokens: 0,
+            sampling_mask: SamplingMask::Off,
             dynamic_sampling: false,
             max_gen_batches: 3,
             overlong_cache_len: 0,

@@ -84,6 +84,13 @@ pub struct RolloutReport {
         skip_serializing_if = "Option::is_none"
     )]
     pub filter_log_mass: Option<f64>,
+    /// With `algorithm.sampling_mask = "replay"`: model tokens whose kept set was larger than
+    /// `rollout.sampling_mask_max_ids` (not recorded, so masked from the loss).
+    #[serde(
+        rename = "rollout/sampling_mask_overflow",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub sampling_mask_overflow: Option<f64>,
 }
 
 /// Seconds of a step's stages.

@@ -3,7 +3,7 @@
 //! ([`Trainer::prepare`]) — with what the step reports about its rewards and staleness.
 
 use crate::Result;
-use crate::correction::TrainVersions;
+use crate::correction::{SamplingMask, TrainVersions};
 use crate::offpolicy::StepDiagnostics;
 use crate::report::RolloutReport;
 use crate::rollout_side::admission::{staleness, staleness_metrics};
@@ -26,6 +26,9 @@ pub(crate) struct Row {
     pub(crate) versions: Vec<f32>,
     /// The row's outcome reward after shaping (losses that weigh rows by score, e.g. TOPR).
     pub(crate) score: f32,
+    /// Sampling-mask replay: each response token's kept set (empty: scored over the
+    /// vocabulary).
+    pub(crate) kept: Vec<Option<Vec<u32>>>,
     /// Decoupled mode: IS weights of π_prox against μ.
     pub(crate) is_w: Option<Vec<f32>>,
     pub(crate) ref_lp: Option<Vec<f32>>,
@@ -69,12 +72,25 @@ impl Row {
                 .map(|i| t.token_versions.get(i).copied().unwrap_or(t.version) as f32)
                 .collect(),
             score: t.reward.unwrap_or(0.0) as f32,
+            kept: Vec::new(),
             is_w: None,
             ref_lp: None,
             adv: Vec::new(),
             old_values: None,
             returns: None,
         }
+    }
+
+    /// Sampling-mask replay: the row carries its tokens' kept sets, and a model token whose set
+    /// was not recorded (it overflowed `rollout.sampling_mask_max_ids`) gets no loss.
+    pub(crate) fn replay(mut self, t: &Trajectory) -> Self {
+        for (j, m) in self.mask.iter_mut().enumerate() {
+            if !matches!(t.kept_ids.get(j), Some(Some(_))) {
+                *m = 0.0;
+            }
+        }
+        self.kept.clone_from(&t.kept_ids);
+        self
     }
 
     /// A supervised row: `prompt` then the demonstrated `response`, trained where `mask` is 1.
@@ -88,6 +104,7 @@ impl Row {
             behaviour_lp: vec![0.0; n],
             versions: vec![0.0; n],
             score: 0.0,
+            kept: Vec::new(),
             is_w: None,
             ref_lp: None,
             adv: vec![0.0; n],
@@ -162,6 +179,7 @@ impl Trainer {
             })
             .transpose()?;
         let current_only = a.correction.train_versions == TrainVersions::Current;
+        let replay = a.sampling_mask == SamplingMask::Replay;
         let mut rows = Vec::new();
         let mut group_ids = Vec::new();
         let mut rewards = Vec::new();
@@ -172,6 +190,9 @@ impl Trainer {
                     reward += p.penalty(t.generated_len());
                 }
                 let mut row = Row::sampled(t, a.overlong_filter && t.truncated, current_only);
+                if replay {
+                    row = row.replay(t);
+                }
                 row.score = reward as f32;
                 rows.push(row);
                 group_ids.push(gi as u64);
@@ -241,6 +262,13 @@ impl Trainer {
                 let sum: f64 = trajs.iter().map(|t| t.filter_log_mass).sum();
                 sum / lens.iter().sum::<f64>().max(1.0)
             }),
+            sampling_mask_overflow: (self.recipe.algorithm.sampling_mask == SamplingMask::Replay)
+                .then(|| {
+                    trajs
+                        .iter()
+                        .map(|t| t.sampling_mask_overflow())
+                        .sum::<usize>() as f64
+                }),
         }
     }
 }
@@ -288,6 +316,7 @@ mod tests {
             loss_mask,
             behaviour_logprobs: vec![-0.5; n],
             filter_log_mass: 0.0,
+            kept_ids: Vec::new(),
             version: versions.iter().copied().min().unwrap_or(0),
             token_versions: versions,
             finish_reason: FinishReason::Eos,

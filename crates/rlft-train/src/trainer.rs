@@ -262,13 +262,14 @@ impl Trainer {
             &trainer.recipe.output_dir.join(checkpoint::RECIPE_FILE),
             trainer.state.recipe.as_bytes(),
         )?;
-        if trainer.recipe.rollout.filtered()
+        if trainer.learner.algo.offpolicy.filtered_sampling
             && trainer.learner.algo.offpolicy.anchors_at_behaviour()
         {
             eprintln!(
                 "warning: top_k/top_p/min_p filter the sampling distribution: μ is its \
                  renormalised log-prob and the learner's is the full softmax, so a ratio against \
-                 μ starts at S, the kept mass (rollout/filter_log_mass), not 1"
+                 μ starts at S, the kept mass (rollout/filter_log_mass), not 1; \
+                 algorithm.sampling_mask = \"replay\" takes the learner's over the kept set"
             );
         }
         Ok(trainer)

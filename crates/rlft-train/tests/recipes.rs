@@ -265,6 +265,19 @@ fn bad_recipes_fail_before_loading_a_model() {
         e.contains("algorithm.correction.train_versions") && e.contains("async.interruptible"),
         "{e}"
     );
+    let e = err(&["algorithm.sampling_mask=\"replay\""]);
+    assert!(
+        e.contains("algorithm.sampling_mask") && e.contains("top_k"),
+        "{e}"
+    );
+    let e = err(&[
+        "algorithm.sampling_mask=\"replay\"",
+        "rollout.top_p=0.9",
+        "rollout.sampling_mask_max_ids=0",
+    ]);
+    assert!(e.contains("rollout.sampling_mask_max_ids"), "{e}");
+    let e = err(&["algorithm.sampling_mask=\"kept\""]);
+    assert!(e.contains("sampling_mask") && e.contains("replay"), "{e}");
     // The loss is looked up in the registry the run uses: a name the built-ins lack loads, and
     // the trainer (here `validate`, which it runs first) refuses it, listing the known names.
     let unknown = Recipe::load(&path, &["algorithm.loss=\"grpoo\"".into()]).unwrap();
@@ -716,6 +729,45 @@ fn filtered_sampling_records_exact_mu_and_its_kept_mass() {
             .iter()
             .all(|r| !r.contains_key("rollout/filter_log_mass"))
     );
+}
+
+/// Sampling-mask replay at lag 0: the learner takes its log-probs over each token's kept set,
+/// so μ (the filtered, renormalised draw) is its own distribution and the measured gap
+/// vanishes; a kept set larger than `rollout.sampling_mask_max_ids` is counted and masked.
+#[test]
+fn sampling_mask_replay_closes_the_gap_to_mu() {
+    let replay = [
+        "async.mode=\"lagged\"",
+        "async.lag=0",
+        "rollout.top_p=0.8",
+        "rollout.top_k=20",
+        "algorithm.correction.mode=\"bypass\"",
+        "algorithm.sampling_mask=\"replay\"",
+    ];
+    let m = quickstart_metrics("replay", &replay);
+    let steps: Vec<_> = m.iter().filter(|r| r["step"].as_u64() > Some(0)).collect();
+    assert!(!steps.is_empty());
+    for row in &steps {
+        for key in ["offpolicy/kl", "offpolicy/k3_kl"] {
+            let v = row[key].as_f64().expect("measured every step");
+            assert!(v.abs() <= 1e-6, "{key} = {v} at step {}", row["step"]);
+        }
+        assert_eq!(row["rollout/sampling_mask_overflow"].as_f64(), Some(0.0));
+        assert!(
+            row["rollout/filter_log_mass"]
+                .as_f64()
+                .is_some_and(|s| s < 0.0)
+        );
+    }
+    // Sets of more than one token overflow at a limit of 1: counted, masked, still trained.
+    let mut tight = replay.to_vec();
+    tight.push("rollout.sampling_mask_max_ids=1");
+    let m = quickstart_metrics("replay-overflow", &tight);
+    for row in m.iter().filter(|r| r["step"].as_u64() > Some(0)) {
+        let n = row["rollout/sampling_mask_overflow"].as_f64().unwrap();
+        assert!(n > 0.0, "overflow {n}");
+        assert!(row["grad_norm"].as_f64().is_some_and(f64::is_finite));
+    }
 }
 
 /// `kl_target` / `kl_horizon` adapt β each step from the measured KL, and the checkpoint keeps

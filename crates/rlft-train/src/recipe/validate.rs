@@ -169,6 +169,25 @@ impl Recipe {
         r.sampling()
             .validate()
             .or_else(|e| bad("rollout", e.to_string()))?;
+        if a.sampling_mask == crate::correction::SamplingMask::Replay {
+            if !r.filtered() {
+                return bad(
+                    "algorithm.sampling_mask",
+                    "\"replay\" replays the sampler's top-k / min-p / top-p filter and none is on \
+                     (or rollout.temperature = 0 decodes greedily): set rollout.top_k, top_p or \
+                     min_p, or use \"off\""
+                        .into(),
+                );
+            }
+            if r.sampling_mask_max_ids == 0 {
+                return bad(
+                    "rollout.sampling_mask_max_ids",
+                    "must be at least 1 with algorithm.sampling_mask = \"replay\" (the largest \
+                     kept set recorded per token; 1024 by default)"
+                        .into(),
+                );
+            }
+        }
         for (k, v) in [
             ("algorithm.kl_coef", a.kl_coef),
             ("algorithm.entropy_coef", a.entropy_coef),

@@ -96,7 +96,11 @@ impl RolloutSide {
             rewards,
             train_set,
             prompts_per_step: recipe.rollout.prompts_per_step,
-            config: rollout_config(recipe, recipe.rollout.group_size, recipe.rollout.sampling()),
+            config: rollout_config(
+                recipe,
+                recipe.rollout.group_size,
+                recipe.rollout.training_sampling(a.sampling_mask),
+            ),
             dynamic_sampling: a.dynamic_sampling,
             rounds: if a.dynamic_sampling {
                 a.max_gen_batches
