@@ -22,7 +22,6 @@ use rlft::train::{Recipe, Trainer};
 
 const RECIPE: &str = r#"
 seed = 0
-output_dir = "runs/grpo_step"
 [model]
 path = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 [data]
@@ -60,7 +59,11 @@ fn main() -> Result<()> {
     .map_err(anyhow::Error::msg)?;
     let steps: usize = args.get("steps", 3).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(steps >= 1, "--steps must be at least 1");
-    let mut overrides = args.values("set").to_vec();
+    // A fresh scratch folder per run (removed at the end), so the benchmark reruns; a
+    // `--set output_dir=…` keeps its run instead.
+    let scratch = std::env::temp_dir().join(format!("rlft-grpo_step-{}", std::process::id()));
+    let mut overrides = vec![format!("output_dir={:?}", scratch.display().to_string())];
+    overrides.extend(args.values("set").iter().cloned());
     if let Some(m) = args.value("model") {
         overrides.push(format!("model.path={m:?}"));
     }
@@ -68,6 +71,7 @@ fn main() -> Result<()> {
         overrides.push(format!("device={d:?}"));
     }
     let recipe = Recipe::from_toml_str(RECIPE, &overrides)?;
+    let keep = recipe.output_dir != scratch;
     let mut trainer = Trainer::new(recipe, None)?;
     let json = args.flag("json");
     let mut history = Vec::with_capacity(steps);
@@ -86,6 +90,10 @@ fn main() -> Result<()> {
             );
         }
         history.push(m);
+    }
+    drop(trainer);
+    if !keep {
+        std::fs::remove_dir_all(&scratch).ok();
     }
     // The anchor's convention: the first step (warm-up allocations) is left out of the mean.
     let steady = if history.len() > 1 {

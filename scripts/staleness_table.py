@@ -16,9 +16,11 @@ import gzip
 import json
 import pathlib
 import re
+import sys
 from collections import defaultdict
 
-# Longest names first, so a name that extends another is matched whole.
+# The experiment script's arms, longest names first, so a name that extends another is matched
+# whole (used when the recipe is not named and not in recipes/).
 ARMS = [
     "decoupled-tis-loglinear",
     "decoupled-icepop",
@@ -51,15 +53,34 @@ parser.add_argument("folder", nargs="?", default="docs/runs/staleness")
 parser.add_argument("--recipe")
 args = parser.parse_args()
 
+def split_name(head):
+    """(recipe, arm) of '<recipe>-<arm>'; recipe and arm names may both contain dashes."""
+    if args.recipe:
+        return (args.recipe, head[len(args.recipe) + 1 :]) if head.startswith(args.recipe + "-") else None
+    # The recipes in the repository, longest first; then the arms the experiment script defines.
+    for stem in sorted((p.stem for p in pathlib.Path("recipes").glob("*.toml")), key=len, reverse=True):
+        if head.startswith(stem + "-"):
+            return stem, head[len(stem) + 1 :]
+    for arm in ARMS:
+        if head.endswith("-" + arm):
+            return head[: -len(arm) - 1], arm
+    return None
+
+
 runs = defaultdict(dict)
-pattern = re.compile(r"(.+)-(" + "|".join(ARMS) + r")-lag(\d+)-seed(\d+)\.jsonl\.gz")
+pattern = re.compile(r"(.+)-lag(\d+)-seed(\d+)\.jsonl\.gz")
 for f in sorted(pathlib.Path(args.folder).glob("*.jsonl.gz")):
     m = pattern.fullmatch(f.name)
-    if not m or (args.recipe and m.group(1) != args.recipe):
+    names = split_name(m.group(1)) if m else None
+    if not names or not names[1]:
+        if not args.recipe:
+            print(f"skipped {f.name}: not <recipe>-<arm>-lag<L>-seed<S>.jsonl.gz", file=sys.stderr)
         continue
-    recipe, arm, lag, seed = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+    (recipe, arm), lag, seed = names, int(m.group(2)), int(m.group(3))
     rows = [json.loads(line) for line in gzip.open(f, "rt") if line.strip()]
     runs[(recipe, lag, arm)][seed] = rows
+# The script's arms in their order, then any other arm by name.
+ORDER += sorted({k[2] for k in runs} - set(ORDER))
 
 
 def mean(v):
@@ -103,9 +124,12 @@ for recipe in sorted({k[0] for k in runs}):
         worst = min(at_top, key=lambda a: mean(at_top[a]))
         gap = mean(at_top[best]) - mean(at_top[worst])
         spread = max(max(at_top[a]) - min(at_top[a]) for a in (best, worst))
-        verdict = "separate" if gap >= 0.10 and gap > spread else "do not separate"
+        if min(len(at_top[best]), len(at_top[worst])) < 2:
+            verdict = "cannot be judged (one seed, so no spread)"
+        else:
+            verdict = "separate" if gap >= 0.10 and gap > spread else "do not separate"
         print(
             f"\nAt lag {top} the arms {verdict}: best `{best}` {mean(at_top[best]):.3f}, worst "
             f"`{worst}` {mean(at_top[worst]):.3f} (mean final accuracy), a gap of {gap:.3f} "
-            f"against a seed spread of {spread:.2f}."
+            f"against a seed spread of {spread:.3f}."
         )

@@ -119,3 +119,35 @@ fn the_link_parser_finds_links_and_skips_code() {
     let t = "see [a](docs/a.md) and `[b](nope)`\n```\n[c](nope)\n```\n[d](x.md#part \"t\")";
     assert_eq!(link_targets(t), ["docs/a.md", "x.md#part"]);
 }
+
+/// On `docs/stale-samples.md` the staleness experiment's table is the only one whose rows start
+/// with a number: `| lag | arm | a / b / c | steps to 0.9 | mean offpolicy/kl | step s |`, and
+/// every seed of every row has its metrics file in `docs/runs/staleness` (the table is
+/// `scripts/staleness_table.py --recipe quickstart` over them).
+#[test]
+fn the_staleness_table_rows_have_their_runs() {
+    let page = std::fs::read_to_string(root().join("docs/stale-samples.md")).unwrap();
+    let mut rows = 0;
+    for line in page.lines() {
+        let cells: Vec<&str> = line
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        let Ok(lag) = cells[0].parse::<u32>() else {
+            continue;
+        };
+        assert_eq!(cells.len(), 6, "{line}");
+        let arm = cells[1].trim_matches('`');
+        let finals: Vec<f64> = cells[2].split(" / ").map(|a| a.parse().unwrap()).collect();
+        assert!(finals.iter().all(|a| (0.0..=1.0).contains(a)), "{line}");
+        assert_eq!(cells[3].split(" / ").count(), finals.len(), "{line}");
+        for seed in 0..finals.len() {
+            let f = format!("docs/runs/staleness/quickstart-{arm}-lag{lag}-seed{seed}.jsonl.gz");
+            assert!(root().join(&f).is_file(), "{line}: no {f}");
+        }
+        rows += 1;
+    }
+    assert!(rows > 0, "no staleness table on docs/stale-samples.md");
+}
