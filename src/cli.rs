@@ -128,6 +128,68 @@ pub fn train(args: impl IntoIterator<Item = String>) -> Result<String, rlft_trai
     Ok(launch::report(&summary, &out))
 }
 
+/// Usage of the `export` command.
+pub const EXPORT_USAGE: &str =
+    "usage: rlft export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR)
+  SOURCE: a run folder (its final/, else its latest checkpoint), a checkpoint folder, a Hugging
+  Face checkpoint folder or a .gguf file";
+
+/// The `export` command: `export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR)`
+/// (`args` without the program and command names). Writes the model (LoRA merged) and returns
+/// the line to print.
+///
+/// # Errors
+/// A bad command line; a source that does not load; a model the format cannot hold (GGUF
+/// exports llama, qwen2 and qwen3); I/O errors. Nothing is written on error.
+pub fn export(args: impl IntoIterator<Item = String>) -> Result<String, rlft_train::TrainError> {
+    use rlft_model::GgufFileType;
+    use rlft_train::TrainError;
+    let usage = |e: String| TrainError::Usage(format!("{e}\n{EXPORT_USAGE}"));
+    let args =
+        Args::from_iter(args, &[("gguf", true), ("type", true), ("hf", true)]).map_err(usage)?;
+    let [source] = args.positional.as_slice() else {
+        return Err(usage(format!(
+            "one SOURCE expected, got {:?}",
+            args.positional
+        )));
+    };
+    let ty: GgufFileType = match args.value("type") {
+        None => GgufFileType::default(),
+        Some(t) => t
+            .parse()
+            .map_err(|e: rlft_model::ModelError| usage(e.to_string()))?,
+    };
+    let out = match (args.value("gguf"), args.value("hf")) {
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(usage(
+                "give exactly one of --gguf OUT.gguf and --hf DIR".into(),
+            ));
+        }
+        (None, Some(_)) if args.value("type").is_some() => {
+            return Err(usage("--type applies to --gguf only".into()));
+        }
+        (Some(g), None) => g,
+        (None, Some(h)) => h,
+    };
+    let model = rlft_train::export::load_source(std::path::Path::new(source))?;
+    let out = std::path::Path::new(out);
+    if args.value("gguf").is_some() {
+        model.save_gguf(out, ty)?;
+        Ok(format!(
+            "wrote {} ({ty}, {})",
+            out.display(),
+            model.config.model_type
+        ))
+    } else {
+        model.save_hf(out)?;
+        Ok(format!(
+            "wrote {} (Hugging Face checkpoint, {})",
+            out.display(),
+            model.config.model_type
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

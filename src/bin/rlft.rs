@@ -3,6 +3,7 @@
 //! ```text
 //! rlft train RECIPE.toml [--set KEY=VALUE]... [--device D] [--resume DIR]
 //! rlft train --resume DIR [--set KEY=VALUE]...
+//! rlft export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR)
 //! rlft recipe keys
 //! ```
 //! The recipe is read from the TOML file, then `RLFT__SECTION__KEY` environment variables, then
@@ -21,6 +22,10 @@ const HELP: &str = "rlft: reinforcement-learning fine-tuning of language models
 
 usage: rlft train RECIPE.toml [--set KEY=VALUE]... [--device D] [--resume DIR]
        rlft train --resume DIR [--set KEY=VALUE]...
+       rlft export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR)
+                             the model of a run folder (its final/, else its latest checkpoint),
+                             a checkpoint, an HF folder or a GGUF file, LoRA merged; GGUF for
+                             llama, qwen2 and qwen3
        rlft recipe keys      every recipe key: type, default, allowed values, meaning (Markdown)
        rlft --version";
 
@@ -30,6 +35,16 @@ fn main() -> ExitCode {
         Some("train") => match rlft::cli::train(args) {
             Ok(report) => {
                 println!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(e.exit_code())
+            }
+        },
+        Some("export") => match rlft::cli::export(args) {
+            Ok(line) => {
+                println!("{line}");
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -61,7 +76,7 @@ fn main() -> ExitCode {
         }
         Some(other) => {
             eprintln!(
-                "error: unknown command '{other}'; the commands are 'train' and 'recipe keys'\n\n{HELP}"
+                "error: unknown command '{other}'; the commands are 'train', 'export' and 'recipe keys'\n\n{HELP}"
             );
             ExitCode::from(2)
         }

@@ -44,6 +44,21 @@ impl GgmlType {
         })
     }
 
+    /// The ggml type id written in a GGUF tensor directory (the inverse of [`Self::from_id`]).
+    pub fn id(self) -> u32 {
+        match self {
+            Self::F32 => 0,
+            Self::F16 => 1,
+            Self::Q4_0 => 2,
+            Self::Q4_1 => 3,
+            Self::Q8_0 => 8,
+            Self::Q4_K => 12,
+            Self::Q5_K => 13,
+            Self::Q6_K => 14,
+            Self::BF16 => 30,
+        }
+    }
+
     /// (elements per block, bytes per block).
     pub fn block(self) -> (usize, usize) {
         match self {
@@ -211,6 +226,11 @@ mod tests {
             (14, 256, 210),
         ] {
             assert_eq!(GgmlType::from_id(id).unwrap().block(), (n, b));
+        }
+        for id in 0..64 {
+            if let Some(t) = GgmlType::from_id(id) {
+                assert_eq!(t.id(), id);
+            }
         }
         assert_eq!(GgmlType::Q4_0.byte_len(64), Some(36));
         assert_eq!(GgmlType::Q4_K.byte_len(100), None);

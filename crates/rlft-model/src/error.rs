@@ -87,6 +87,9 @@ pub enum ModelError {
     /// not Llama 3 scaling.
     #[error("RoPE scaling: {0}")]
     RopeScaling(String),
+    /// A model that the requested export format cannot hold (nothing was written).
+    #[error("cannot export: {0}")]
+    Export(String),
     /// Inputs of the wrong shape.
     #[error("{0}")]
     Input(String),

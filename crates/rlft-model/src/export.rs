@@ -1,6 +1,10 @@
 //! Export to a Hugging Face checkpoint (`config.json`, `model.safetensors`, tokenizer files,
-//! `generation_config.json`) that transformers, vLLM and llama.cpp's converter read; and LoRA
-//! adapters through burn's `apply_lora`, merged into the weights on export.
+//! `generation_config.json`) that transformers, vLLM and llama.cpp's converter read, or to a
+//! GGUF file llama.cpp and Ollama load ([`GgufFileType`]); and LoRA adapters through burn's
+//! `apply_lora`, merged into the weights on export.
+
+mod gguf;
+pub use gguf::GgufFileType;
 
 use crate::model::Transformer;
 use crate::{ModelError, Result, Tokenizer, TransformerConfig};

@@ -11,6 +11,10 @@ use crate::{ModelError, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub(crate) mod names;
+pub mod writer;
+pub use writer::GgufWriter;
+
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 /// Upper bound on element counts in metadata arrays and directories, far above any real model

@@ -29,7 +29,7 @@ mod tokenizer;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Llama3RopeScaling, TransformerConfig};
 pub use error::{ModelError, Result};
-pub use export::{LORA_TARGETS, LoraConfig};
+pub use export::{GgufFileType, LORA_TARGETS, LoraConfig};
 pub use gguf::GgufFile;
 pub use host::{DECODE_ROWS, HostKvCache, HostWeights};
 pub use layers::{AttentionConfig, DecoderLayerConfig, MlpConfig};

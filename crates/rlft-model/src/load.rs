@@ -2,7 +2,7 @@
 //! sharded) and GGUF files (dequantised, llama.cpp's q/k row permutation undone), plus random
 //! initialisation from a [`TransformerConfig`].
 
-mod gguf;
+pub(crate) mod gguf;
 mod init;
 
 use crate::gguf::GgufFile;

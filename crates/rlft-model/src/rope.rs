@@ -28,6 +28,35 @@ impl TransformerConfig {
         .inv_freq()
     }
 
+    /// llama.cpp's `rope_freqs.weight` for this configuration's Llama 3 scaling, as
+    /// `convert_hf_to_gguf.py` computes it (f32 arithmetic, f32 storage): one divisor per
+    /// rotary frequency. `None` without a scaling.
+    pub(crate) fn llama3_divisors(&self) -> Option<Vec<f32>> {
+        let s = self.rope_scaling.as_ref()?;
+        let (factor, low, high) = (
+            s.factor as f32,
+            s.low_freq_factor as f32,
+            s.high_freq_factor as f32,
+        );
+        let (orig, dim) = (
+            s.original_max_position_embeddings as f32,
+            self.head_dim as f32,
+        );
+        let divisor = |i: usize| {
+            let freq = 1.0 / (self.rope_theta as f32).powf((2 * i) as f32 / dim);
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < orig / high {
+                1.0
+            } else if wavelen > orig / low {
+                factor
+            } else {
+                let smooth = (orig / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        };
+        Some((0..self.head_dim / 2).map(divisor).collect())
+    }
+
     /// The Llama 3 scaling whose frequencies ([`TransformerConfig::inv_freq`]) are this
     /// configuration's unscaled ones divided by `divisors` (llama.cpp's `rope_freqs.weight`, one
     /// per frequency), to within a relative 1e-6. `Ok(None)` when every divisor is 1.
@@ -263,34 +292,6 @@ pub(crate) mod tests {
             .collect()
     }
 
-    /// The divisors as convert_hf_to_gguf.py computes them (f32 tensor arithmetic, f32 storage).
-    pub(crate) fn converter_divisors(cfg: &TransformerConfig) -> Vec<f32> {
-        let s = cfg.rope_scaling.as_ref().expect("scaled config");
-        let (factor, low, high) = (
-            s.factor as f32,
-            s.low_freq_factor as f32,
-            s.high_freq_factor as f32,
-        );
-        let (orig, dim) = (
-            s.original_max_position_embeddings as f32,
-            cfg.head_dim as f32,
-        );
-        (0..cfg.head_dim / 2)
-            .map(|i| {
-                let freq = 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / dim);
-                let wavelen = 2.0 * std::f32::consts::PI / freq;
-                if wavelen < orig / high {
-                    1.0
-                } else if wavelen > orig / low {
-                    factor
-                } else {
-                    let smooth = (orig / wavelen - low) / (high - low);
-                    1.0 / ((1.0 - smooth) / factor + smooth)
-                }
-            })
-            .collect()
-    }
-
     fn assert_close(got: &Llama3RopeScaling, want: &Llama3RopeScaling, tol: f64) {
         for (g, w) in [
             (got.factor, want.factor),
@@ -319,7 +320,9 @@ pub(crate) mod tests {
         let (worst, _) = max_rel_diff(&refit.inv_freq(), &scaled.inv_freq());
         assert!(worst <= 1e-12, "head_dim {head_dim}: {worst:e}");
 
-        let stored: Vec<f64> = converter_divisors(&scaled)
+        let stored: Vec<f64> = scaled
+            .llama3_divisors()
+            .expect("scaled config")
             .into_iter()
             .map(f64::from)
             .collect();

@@ -1,10 +1,13 @@
-//! GGUF loading: a tiny fixture rewritten as GGUF the way llama.cpp's converter writes it (q/k
-//! rows permuted, tokenizer as vocab + merges + token types) loads to the same logits as the HF
-//! folder; truncated files are errors; and, when `models/SmolLM2-135M-Instruct.Q4_1.gguf` exists
+//! GGUF export and loading: a tiny fixture exported as GGUF the way llama.cpp's converter writes
+//! it (q/k rows permuted, tokenizer as vocab + merges + token types) loads to the same logits as
+//! the HF folder; truncated files are errors; and, when `models/SmolLM2-135M-Instruct.Q4_1.gguf` exists
 //! (`scripts/fetch-smollm2.sh`), the real model continues a known sentence correctly.
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use rlft_model::{ForwardInput, GgufFile, KvCache, ModelError, Pretrained, Tokenizer};
+use rlft_model::{
+    ForwardInput, GgufFile, GgufFileType, KvCache, Llama3RopeScaling, ModelError, Pretrained,
+    Tokenizer, TransformerConfig,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -21,200 +24,63 @@ fn to_vec(t: Tensor<3>) -> Vec<f32> {
         .expect("f32")
 }
 
-/// Minimal GGUF v3 writer for tests.
-#[derive(Default)]
-struct Writer {
-    kv: Vec<u8>,
-    n_kv: u64,
-    tensors: Vec<(String, Vec<u64>, Vec<f32>)>,
+/// The largest |a − b|.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
 }
 
-fn put_str(b: &mut Vec<u8>, s: &str) {
-    b.extend_from_slice(&(s.len() as u64).to_le_bytes());
-    b.extend_from_slice(s.as_bytes());
-}
-
-impl Writer {
-    fn key(&mut self, k: &str, ty: u32) {
-        put_str(&mut self.kv, k);
-        self.kv.extend_from_slice(&ty.to_le_bytes());
-        self.n_kv += 1;
-    }
-    fn u32(&mut self, k: &str, v: u32) {
-        self.key(k, 4);
-        self.kv.extend_from_slice(&v.to_le_bytes());
-    }
-    fn f32(&mut self, k: &str, v: f32) {
-        self.key(k, 6);
-        self.kv.extend_from_slice(&v.to_le_bytes());
-    }
-    fn str(&mut self, k: &str, v: &str) {
-        self.key(k, 8);
-        put_str(&mut self.kv, v);
-    }
-    fn strs(&mut self, k: &str, v: &[String]) {
-        self.key(k, 9);
-        self.kv.extend_from_slice(&8u32.to_le_bytes());
-        self.kv.extend_from_slice(&(v.len() as u64).to_le_bytes());
-        for s in v {
-            put_str(&mut self.kv, s);
-        }
-    }
-    fn i32s(&mut self, k: &str, v: &[i32]) {
-        self.key(k, 9);
-        self.kv.extend_from_slice(&5u32.to_le_bytes());
-        self.kv.extend_from_slice(&(v.len() as u64).to_le_bytes());
-        for x in v {
-            self.kv.extend_from_slice(&x.to_le_bytes());
-        }
-    }
-    /// `shape` in row-major (HF) order; stored as F32 with GGUF's reversed dims.
-    fn tensor(&mut self, name: &str, shape: &[usize], values: Vec<f32>) {
-        let dims = shape.iter().rev().map(|&d| d as u64).collect();
-        self.tensors.push((name.into(), dims, values));
-    }
-    fn finish(self) -> Vec<u8> {
-        let mut b = b"GGUF".to_vec();
-        b.extend_from_slice(&3u32.to_le_bytes());
-        b.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        b.extend_from_slice(&self.n_kv.to_le_bytes());
-        b.extend_from_slice(&self.kv);
-        let mut offset = 0u64;
-        for (name, dims, values) in &self.tensors {
-            put_str(&mut b, name);
-            b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            for d in dims {
-                b.extend_from_slice(&d.to_le_bytes());
-            }
-            b.extend_from_slice(&0u32.to_le_bytes());
-            b.extend_from_slice(&offset.to_le_bytes());
-            offset += (values.len() as u64 * 4).div_ceil(32) * 32;
-        }
-        while !b.len().is_multiple_of(32) {
-            b.push(0);
-        }
-        for (_, _, values) in &self.tensors {
-            for v in values {
-                b.extend_from_slice(&v.to_le_bytes());
-            }
-            while !b.len().is_multiple_of(32) {
-                b.push(0);
-            }
-        }
-        b
-    }
-}
-
-/// llama.cpp's q/k row permutation (convert_hf_to_gguf.py `LlamaModel.permute`).
-fn permute(w: &[f32], heads: usize, cols: usize) -> Vec<f32> {
-    let hd = w.len() / cols / heads;
-    let mut out = vec![0.0; w.len()];
-    for h in 0..heads {
-        for k in 0..2 {
-            for j in 0..hd / 2 {
-                let (src, dst) = (h * hd + k * hd / 2 + j, h * hd + 2 * j + k);
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&w[src * cols..(src + 1) * cols]);
-            }
-        }
-    }
-    out
-}
-
-/// Writes the tiny-llama fixture as a llama-architecture GGUF with an embedded tokenizer.
-fn tiny_llama_gguf(path: &Path) {
-    let dir = fixtures().join("tiny-llama");
-    let device = Device::flex();
-    let hf = Pretrained::load(&dir, &device, DType::F32).expect("load fixture");
-    let c = &hf.config;
-    let mut w = Writer::default();
-    w.str("general.architecture", "llama");
-    w.u32("llama.embedding_length", c.hidden_size as u32);
-    w.u32("llama.block_count", c.num_layers as u32);
-    w.u32("llama.feed_forward_length", c.intermediate_size as u32);
-    w.u32("llama.attention.head_count", c.num_heads as u32);
-    w.u32("llama.attention.head_count_kv", c.num_kv_heads as u32);
-    w.u32("llama.context_length", c.max_position_embeddings as u32);
-    w.f32(
-        "llama.attention.layer_norm_rms_epsilon",
-        c.rms_norm_eps as f32,
+/// Logits of `ids` (one row).
+fn logits(p: &Pretrained, ids: &[u32], device: &Device) -> Vec<f32> {
+    let t = Tensor::<2, Int>::from_data(
+        TensorData::new(ids.iter().map(|&i| i as i64).collect(), [1, ids.len()]),
+        device,
     );
-    w.f32("llama.rope.freq_base", c.rope_theta as f32);
-    // Tokenizer: vocab and merges from tokenizer.json, added tokens as control tokens.
-    let tj: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap())
-            .unwrap();
-    let vocab = tj["model"]["vocab"].as_object().unwrap();
-    let mut tokens = vec![String::new(); hf.tokenizer.vocab_size()];
-    for (t, id) in vocab {
-        tokens[id.as_u64().unwrap() as usize] = t.clone();
-    }
-    let mut types = vec![1i32; tokens.len()];
-    for a in tj["added_tokens"].as_array().unwrap() {
-        let id = a["id"].as_u64().unwrap() as usize;
-        tokens[id] = a["content"].as_str().unwrap().into();
-        types[id] = 3;
-    }
-    let merges: Vec<String> = tj["model"]["merges"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| match m {
-            Value::String(s) => s.clone(),
-            Value::Array(p) => format!("{} {}", p[0].as_str().unwrap(), p[1].as_str().unwrap()),
-            _ => panic!("merge"),
-        })
-        .collect();
-    w.str("tokenizer.ggml.model", "gpt2");
-    w.str("tokenizer.ggml.pre", "default");
-    w.strs("tokenizer.ggml.tokens", &tokens);
-    w.i32s("tokenizer.ggml.token_type", &types);
-    w.strs("tokenizer.ggml.merges", &merges);
-    w.u32("tokenizer.ggml.bos_token_id", hf.tokenizer.bos_id.unwrap());
-    w.u32("tokenizer.ggml.eos_token_id", hf.tokenizer.eos_ids[0]);
-    w.u32(
-        "tokenizer.ggml.padding_token_id",
-        hf.tokenizer.pad_id.unwrap(),
-    );
-    w.str(
-        "tokenizer.chat_template",
-        hf.tokenizer.chat_template.as_ref().unwrap().source(),
-    );
-    for (name, shape, values) in hf.model.hf_tensors() {
-        let g = name
-            .replace("model.embed_tokens", "token_embd")
-            .replace("model.norm", "output_norm")
-            .replace("lm_head", "output")
-            .replace("model.layers.", "blk.")
-            .replace("self_attn.q_proj", "attn_q")
-            .replace("self_attn.k_proj", "attn_k")
-            .replace("self_attn.v_proj", "attn_v")
-            .replace("self_attn.o_proj", "attn_output")
-            .replace("mlp.gate_proj", "ffn_gate")
-            .replace("mlp.up_proj", "ffn_up")
-            .replace("mlp.down_proj", "ffn_down")
-            .replace("post_attention_layernorm", "ffn_norm")
-            .replace("input_layernorm", "attn_norm");
-        let values = if g.contains("attn_q.") {
-            permute(&values, c.num_heads, shape[1])
-        } else if g.contains("attn_k.") {
-            permute(&values, c.num_kv_heads, shape[1])
-        } else {
-            values
-        };
-        w.tensor(&g, &shape, values);
-    }
-    std::fs::write(path, w.finish()).expect("write gguf");
+    to_vec(p.model.forward(&ForwardInput::new(t)))
 }
 
+/// The tiny-llama fixture exported as GGUF (q/k rows permuted, tokenizer as vocab + merges +
+/// token types, as llama.cpp's converter writes it) loads back to bit-identical f32 logits and
+/// the same tokenizer; f16 and Q8_0 exports load close to it; truncated files are errors.
 #[test]
 fn gguf_loads_like_the_hf_checkpoint_and_truncation_is_an_error() {
     let device = Device::flex();
     let tmp = std::env::temp_dir().join(format!("rlft-gguf-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let path = tmp.join("tiny-llama.gguf");
-    tiny_llama_gguf(&path);
-
     let hf = Pretrained::load(&fixtures().join("tiny-llama"), &device, DType::F32).unwrap();
+    hf.save_gguf(&path, GgufFileType::F32).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    for key in [
+        "general.architecture",
+        "llama.context_length",
+        "llama.embedding_length",
+        "llama.block_count",
+        "llama.feed_forward_length",
+        "llama.attention.head_count",
+        "llama.attention.head_count_kv",
+        "llama.rope.freq_base",
+        "llama.attention.layer_norm_rms_epsilon",
+        "llama.vocab_size",
+        "tokenizer.ggml.model",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.chat_template",
+    ] {
+        assert!(file.get(key).is_some(), "{key} missing");
+    }
+    assert_eq!(
+        file.get("tokenizer.ggml.pre").and_then(|v| v.as_str()),
+        Some("smollm"),
+        "the fixture splits digits before byte-level BPE"
+    );
+    drop(file);
+
     let gg = Pretrained::load(&path, &device, DType::F32).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(gg.config.num_kv_heads, hf.config.num_kv_heads);
     assert!(!gg.config.tie_word_embeddings);
@@ -249,6 +115,28 @@ fn gguf_loads_like_the_hf_checkpoint_and_truncation_is_an_error() {
         hf.tokenizer.apply_chat_template(&msgs, true).unwrap()
     );
 
+    // f16 and Q8_0: the same tokenizer, logits close to the f32 ones.
+    let ids = hf.tokenizer.encode("The answer is 42; 7*8=56.").unwrap();
+    let want = logits(&hf, &ids, &device);
+    // Tolerances relative to the largest logit: f16 keeps 11 significant bits, Q8_0 ~8.
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    for (ty, rel) in [(GgufFileType::F16, 5e-3), (GgufFileType::Q8_0, 5e-2)] {
+        let p = tmp.join(format!("tiny-llama-{ty}.gguf"));
+        hf.save_gguf(&p, ty).unwrap();
+        let q = Pretrained::load(&p, &device, DType::F32).unwrap_or_else(|e| panic!("{ty}: {e}"));
+        assert_eq!(
+            q.tokenizer.encode("7*8=56").unwrap(),
+            hf.tokenizer.encode("7*8=56").unwrap()
+        );
+        let d = max_abs_diff(&logits(&q, &ids, &device), &want);
+        println!("{ty}: max |Δ logit| {d:e} of max |logit| {scale}");
+        assert!(
+            d > 0.0 && d <= rel * scale,
+            "{ty}: max |Δ logit| {d} of {scale}"
+        );
+        assert!(std::fs::metadata(&p).unwrap().len() < std::fs::metadata(&path).unwrap().len());
+    }
+
     let bytes = std::fs::read(&path).unwrap();
     for cut in [10, 100, bytes.len() / 3, bytes.len() - 1] {
         let p = tmp.join(format!("cut-{cut}.gguf"));
@@ -256,6 +144,90 @@ fn gguf_loads_like_the_hf_checkpoint_and_truncation_is_an_error() {
         let e = Pretrained::load(&p, &device, DType::F32).unwrap_err();
         assert!(matches!(e, ModelError::Weights { .. }), "cut {cut}: {e}");
         assert!(e.to_string().contains("truncated"), "cut {cut}: {e}");
+    }
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// New models of each exported architecture — Qwen3 (q/k norms, a head width that is not
+/// hidden / heads), Qwen2 (q/k/v biases, tied head), Llama with GQA and with Llama 3 RoPE
+/// scaling (`rope_freqs.weight`) — load back from GGUF with the same architecture and
+/// bit-identical f32 logits (the scaled one within the converter's f32 divisors).
+#[test]
+fn every_exported_architecture_loads_back() {
+    let device = Device::flex();
+    let tmp = std::env::temp_dir().join(format!("rlft-gguf-archs-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let tokenizer = Tokenizer::byte_level();
+    let base = TransformerConfig::new(tokenizer.vocab_size(), 64, 96, 2, 4, 2, 16);
+    let scaled = base
+        .clone()
+        .with_rope_theta(500000.0)
+        .with_rope_scaling(Some(Llama3RopeScaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64.0,
+        }));
+    let configs = [
+        (
+            "qwen3",
+            TransformerConfig {
+                head_dim: 32,
+                ..base.clone()
+            }
+            .with_model_type("qwen3".into())
+            .with_qk_norm(true)
+            .with_rope_theta(1e6),
+        ),
+        (
+            "qwen2",
+            base.clone()
+                .with_model_type("qwen2".into())
+                .with_attention_bias(true)
+                .with_tie_word_embeddings(true),
+        ),
+        ("llama", base.clone().with_rms_norm_eps(1e-5)),
+        ("llama-scaled", scaled),
+    ];
+    let text = "What is 12 + 30? 42 . . . . . . . . . . . . . . . . . . . . . . . . . end";
+    for (seed, (name, config)) in configs.into_iter().enumerate() {
+        let p = Pretrained {
+            model: config.init_seeded(&device, seed as u64 + 1),
+            config,
+            tokenizer: tokenizer.clone(),
+        };
+        let path = tmp.join(format!("{name}.gguf"));
+        p.save_gguf(&path, GgufFileType::F32)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let back =
+            Pretrained::load(&path, &device, DType::F32).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ids = p.tokenizer.encode(text).unwrap();
+        assert_eq!(back.tokenizer.encode(text).unwrap(), ids, "{name}: tokens");
+        let (want, got) = (logits(&p, &ids, &device), logits(&back, &ids, &device));
+        let c = (&back.config, &p.config);
+        assert_eq!(c.0.model_type, c.1.model_type, "{name}");
+        assert_eq!(
+            (
+                c.0.head_dim,
+                c.0.qk_norm,
+                c.0.attention_bias,
+                c.0.tie_word_embeddings
+            ),
+            (
+                c.1.head_dim,
+                c.1.qk_norm,
+                c.1.attention_bias,
+                c.1.tie_word_embeddings
+            ),
+            "{name}"
+        );
+        if name == "llama-scaled" {
+            assert_eq!(c.0.rope_scaling, c.1.rope_scaling, "{name}");
+            let d = max_abs_diff(&got, &want);
+            assert!(d <= 1e-4, "{name}: max |Δ logit| {d}");
+        } else {
+            assert_eq!(got, want, "{name}: logits");
+        }
     }
     std::fs::remove_dir_all(&tmp).ok();
 }

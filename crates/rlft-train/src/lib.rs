@@ -15,6 +15,7 @@ pub mod correction;
 pub mod distributed;
 mod eval;
 pub mod events;
+pub mod export;
 pub mod fault;
 mod feed;
 pub mod launch;

@@ -29,18 +29,17 @@ pub(crate) struct Models {
 }
 
 impl Models {
-    /// The models `recipe` describes, on `device` (autodiff) and `plain` (its frozen twin),
-    /// with the tokenizer; `ranks` are the learner's other devices, checked for the compute
-    /// type like every device of the run.
+    /// The policy `recipe` starts from, on `device`, with its tokenizer and architecture: the
+    /// model file, or a new `[model.scratch]` model seeded by `seed`; in `model.dtype`'s
+    /// compute type, with LoRA adapters when `[model.lora]` asks for them. A checkpoint's
+    /// policy weights load into it.
     ///
     /// # Errors
-    /// A model file that does not load, a device without `model.dtype`'s arithmetic, LoRA
-    /// settings the model does not have.
-    pub(crate) fn build(
+    /// A model file that does not load; LoRA settings the model does not have.
+    pub(crate) fn policy(
         recipe: &Recipe,
-        (device, plain): (&Device, &Device),
-        ranks: &[Device],
-    ) -> Result<(Self, Tokenizer)> {
+        device: &Device,
+    ) -> Result<(Transformer, Tokenizer, TransformerConfig)> {
         let (policy, tokenizer, config) = if recipe.model.path.is_empty() {
             let tokenizer = Tokenizer::byte_level();
             let s = &recipe.model.scratch;
@@ -60,6 +59,30 @@ impl Models {
             let p = Pretrained::load(Path::new(&recipe.model.path), device, DType::F32)?;
             (p.model, p.tokenizer, p.config)
         };
+        let policy = policy.with_compute_dtype(recipe.model.dtype.float_dtype());
+        let policy = if recipe.model.lora.rank > 0 {
+            let l = &recipe.model.lora;
+            policy.with_lora(
+                &LoraConfig::new(l.rank, l.alpha).with_target_modules(l.target_modules.clone()),
+            )?
+        } else {
+            policy
+        };
+        Ok((policy, tokenizer, config))
+    }
+
+    /// The models `recipe` describes, on `device` (autodiff) and `plain` (its frozen twin),
+    /// with the tokenizer; `ranks` are the learner's other devices, checked for the compute
+    /// type like every device of the run.
+    ///
+    /// # Errors
+    /// A model file that does not load, a device without `model.dtype`'s arithmetic, LoRA
+    /// settings the model does not have.
+    pub(crate) fn build(
+        recipe: &Recipe,
+        (device, plain): (&Device, &Device),
+        ranks: &[Device],
+    ) -> Result<(Self, Tokenizer)> {
         // Half-precision passes where every device of the run has them.
         let dtype = recipe.model.dtype;
         let devices = &recipe.distributed.devices;
@@ -74,15 +97,7 @@ impl Models {
         if let Some(spec) = recipe.rollout.device {
             dtype.check(&spec.device()?, "rollout.device", spec)?;
         }
-        let policy = policy.with_compute_dtype(dtype.float_dtype());
-        let policy = if recipe.model.lora.rank > 0 {
-            let l = &recipe.model.lora;
-            policy.with_lora(
-                &LoraConfig::new(l.rank, l.alpha).with_target_modules(l.target_modules.clone()),
-            )?
-        } else {
-            policy
-        };
+        let (policy, tokenizer, config) = Self::policy(recipe, device)?;
         let reference = if recipe.algorithm.kl_coef > 0.0 {
             let device = match recipe.model.reference_device {
                 Some(d) => d.device()?,

@@ -3,6 +3,7 @@
 //! llama.cpp's converter stores as per-frequency divisors (`rope_freqs.weight`).
 
 use super::{WeightSource, build, check_shape, missing};
+use crate::gguf::names::{ROPE_FREQS, gguf_name, hf_name, unpermute_rows};
 use crate::gguf::{GgufFile, GgufValue};
 use crate::model::Transformer;
 use crate::rope::{LLAMA3_ORIGINAL_CONTEXT, divide};
@@ -10,83 +11,11 @@ use crate::{Llama3RopeScaling, ModelError, Result, TransformerConfig};
 use burn::tensor::{DType, Device};
 use std::path::Path;
 
-/// The GGUF tensor holding llama.cpp's per-frequency RoPE divisors.
-pub(crate) const ROPE_FREQS: &str = "rope_freqs.weight";
-
-/// HF tensor name → GGUF tensor name (llama.cpp's naming).
-pub(crate) fn gguf_name(hf: &str) -> Option<String> {
-    let fixed = match hf {
-        "model.embed_tokens.weight" => Some("token_embd.weight"),
-        "model.norm.weight" => Some("output_norm.weight"),
-        "lm_head.weight" => Some("output.weight"),
-        _ => None,
-    };
-    if let Some(n) = fixed {
-        return Some(n.into());
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let (module, suffix) = rest.rsplit_once('.')?;
-    let g = GGUF_LAYER_NAMES.iter().find(|(h, _)| *h == module)?.1;
-    Some(format!("blk.{layer}.{g}.{suffix}"))
-}
-
-/// GGUF tensor name → HF name (the inverse of [`gguf_name`]).
-fn hf_name(gguf: &str) -> Option<String> {
-    let fixed = match gguf {
-        "token_embd.weight" => Some("model.embed_tokens.weight"),
-        "output_norm.weight" => Some("model.norm.weight"),
-        "output.weight" => Some("lm_head.weight"),
-        _ => None,
-    };
-    if let Some(n) = fixed {
-        return Some(n.into());
-    }
-    let rest = gguf.strip_prefix("blk.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let (module, suffix) = rest.rsplit_once('.')?;
-    let h = GGUF_LAYER_NAMES.iter().find(|(_, g)| *g == module)?.0;
-    Some(format!("model.layers.{layer}.{h}.{suffix}"))
-}
-
-const GGUF_LAYER_NAMES: [(&str, &str); 11] = [
-    ("self_attn.q_proj", "attn_q"),
-    ("self_attn.k_proj", "attn_k"),
-    ("self_attn.v_proj", "attn_v"),
-    ("self_attn.o_proj", "attn_output"),
-    ("self_attn.q_norm", "attn_q_norm"),
-    ("self_attn.k_norm", "attn_k_norm"),
-    ("mlp.gate_proj", "ffn_gate"),
-    ("mlp.up_proj", "ffn_up"),
-    ("mlp.down_proj", "ffn_down"),
-    ("input_layernorm", "attn_norm"),
-    ("post_attention_layernorm", "ffn_norm"),
-];
-
 /// A GGUF file seen through HF names.
 struct GgufSource<'a> {
     file: &'a GgufFile,
     /// `(query heads, kv heads)` when q/k rows are stored in llama.cpp's permuted order.
     permuted: Option<(usize, usize)>,
-}
-
-/// Undoes llama.cpp's `permute` of q/k projection rows: within each head, llama.cpp interleaves
-/// the two rotary halves (`row h·hd + 2j + k` holds HF row `h·hd + k·hd/2 + j`).
-fn unpermute_rows(values: &[f32], heads: usize, row_len: usize) -> Vec<f32> {
-    let rows = values.len() / row_len;
-    let hd = rows / heads;
-    let mut out = vec![0.0; values.len()];
-    for h in 0..heads {
-        for j in 0..hd / 2 {
-            for k in 0..2 {
-                let src = h * hd + 2 * j + k;
-                let dst = h * hd + k * (hd / 2) + j;
-                out[dst * row_len..(dst + 1) * row_len]
-                    .copy_from_slice(&values[src * row_len..(src + 1) * row_len]);
-            }
-        }
-    }
-    out
 }
 
 impl WeightSource for GgufSource<'_> {
@@ -270,53 +199,6 @@ pub(crate) fn gguf_scaling(
 /// file's `rope_freqs.weight`, or `None` without that tensor.
 pub(crate) fn gguf_inv_freq(file: &GgufFile, cfg: &TransformerConfig) -> Result<Option<Vec<f64>>> {
     Ok(gguf_divisors(file, cfg)?.map(|d| divide(&cfg.unscaled_inv_freq(), &d)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gguf_names_round_trip() {
-        for hf in [
-            "model.embed_tokens.weight",
-            "lm_head.weight",
-            "model.norm.weight",
-            "model.layers.3.self_attn.q_proj.weight",
-            "model.layers.3.self_attn.q_proj.bias",
-            "model.layers.12.self_attn.k_norm.weight",
-            "model.layers.0.mlp.down_proj.weight",
-            "model.layers.0.post_attention_layernorm.weight",
-        ] {
-            let g = gguf_name(hf).unwrap();
-            assert_eq!(hf_name(&g).as_deref(), Some(hf), "{g}");
-        }
-        assert_eq!(
-            gguf_name("model.layers.1.self_attn.o_proj.weight").as_deref(),
-            Some("blk.1.attn_output.weight")
-        );
-        assert_eq!(hf_name("rope_freqs.weight"), None);
-    }
-
-    #[test]
-    fn unpermute_inverts_llama_cpp_permute() {
-        // llama.cpp: w.reshape(heads, 2, hd/2, cols).swapaxes(1, 2).reshape(rows, cols)
-        let (heads, hd, cols) = (2, 4, 3);
-        let hf: Vec<f32> = (0..heads * hd * cols).map(|i| i as f32).collect();
-        let mut permuted = vec![0.0; hf.len()];
-        for h in 0..heads {
-            for k in 0..2 {
-                for j in 0..hd / 2 {
-                    let src = h * hd + k * hd / 2 + j;
-                    let dst = h * hd + j * 2 + k;
-                    permuted[dst * cols..(dst + 1) * cols]
-                        .copy_from_slice(&hf[src * cols..(src + 1) * cols]);
-                }
-            }
-        }
-        assert_ne!(permuted, hf);
-        assert_eq!(unpermute_rows(&permuted, heads, cols), hf);
-    }
 }
 
 #[cfg(test)]

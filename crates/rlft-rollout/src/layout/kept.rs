@@ -138,10 +138,11 @@ mod tests {
         t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
     }
 
-    /// Log-probs and entropies over kept sets, whole and chunked, equal an f64 reference
-    /// computed from the full logits of another model than the one whose sets they are.
+    /// Replay at lag ≥ 1: the kept sets come from an older sampler, so they need not hold the
+    /// learner's likeliest tokens. Log-probs and entropies over them, whole and chunked, equal
+    /// an f64 reference computed from the learner's full logits.
     #[test]
-    fn kept_sets_score_against_a_brute_force_reference() {
+    fn replayed_kept_sets_at_lag_one_score_against_a_brute_force_reference() {
         let device = Device::flex();
         let model = TransformerConfig::new(40, 16, 32, 2, 2, 1, 8).init_seeded(&device, 11);
         let a: Vec<u32> = vec![3, 4, 5, 7, 9, 11];

@@ -3,7 +3,10 @@
 
 use super::*;
 use crate::ForwardInput;
-use crate::rope::tests::{config, converter_divisors, llama3, ramp};
+use crate::dequant::GgmlType;
+use crate::gguf::GgufWriter;
+use crate::gguf::names::permute_rows;
+use crate::rope::tests::{config, llama3, ramp};
 use crate::rope::{RTOL, max_rel_diff};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use std::path::{Path, PathBuf};
@@ -15,24 +18,11 @@ fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
-fn put_str(b: &mut Vec<u8>, s: &str) {
-    b.extend_from_slice(&(s.len() as u64).to_le_bytes());
-    b.extend_from_slice(s.as_bytes());
-}
-
 /// `model` as llama.cpp's converter writes a llama-architecture GGUF (F32, q/k rows
-/// permuted), with `divisors` as `rope_freqs.weight`.
+/// permuted), with `divisors` as `rope_freqs.weight` whatever they are.
 fn write_gguf(path: &Path, cfg: &TransformerConfig, model: &Transformer, divisors: &[f32]) {
-    let (mut kv, mut n_kv) = (Vec::new(), 0u64);
-    let mut key = |k: &str, ty: u32, v: &[u8]| {
-        put_str(&mut kv, k);
-        kv.extend_from_slice(&ty.to_le_bytes());
-        kv.extend_from_slice(v);
-        n_kv += 1;
-    };
-    let mut arch = Vec::new();
-    put_str(&mut arch, "llama");
-    key("general.architecture", 8, &arch);
+    let mut w = GgufWriter::new();
+    w.string("general.architecture", "llama");
     for (k, v) in [
         ("embedding_length", cfg.hidden_size),
         ("block_count", cfg.num_layers),
@@ -42,15 +32,13 @@ fn write_gguf(path: &Path, cfg: &TransformerConfig, model: &Transformer, divisor
         ("attention.key_length", cfg.head_dim),
         ("context_length", cfg.max_position_embeddings),
     ] {
-        key(&format!("llama.{k}"), 4, &(v as u32).to_le_bytes());
+        w.u32(&format!("llama.{k}"), v as u32);
     }
-    for (k, v) in [
-        ("rope.freq_base", cfg.rope_theta),
-        ("attention.layer_norm_rms_epsilon", cfg.rms_norm_eps),
-    ] {
-        key(&format!("llama.{k}"), 6, &(v as f32).to_le_bytes());
-    }
-    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    w.f32("llama.rope.freq_base", cfg.rope_theta as f32);
+    w.f32(
+        "llama.attention.layer_norm_rms_epsilon",
+        cfg.rms_norm_eps as f32,
+    );
     for (name, shape, values) in model.hf_tensors() {
         let heads = if name.contains("q_proj") {
             cfg.num_heads
@@ -62,47 +50,13 @@ fn write_gguf(path: &Path, cfg: &TransformerConfig, model: &Transformer, divisor
         let values = if heads == 0 {
             values
         } else {
-            // convert_hf_to_gguf.py's LlamaModel.permute
-            let (cols, hd) = (shape[1], cfg.head_dim);
-            let mut out = vec![0.0; values.len()];
-            for h in 0..heads {
-                for k in 0..2 {
-                    for j in 0..hd / 2 {
-                        let (src, dst) = (h * hd + k * hd / 2 + j, h * hd + 2 * j + k);
-                        out[dst * cols..(dst + 1) * cols]
-                            .copy_from_slice(&values[src * cols..(src + 1) * cols]);
-                    }
-                }
-            }
-            out
+            permute_rows(&values, heads, shape[1])
         };
         let gguf = gguf_name(&name).expect("GGUF name");
-        tensors.push((gguf, shape, values));
+        w.tensor(&gguf, &shape, GgmlType::F32, &values);
     }
-    tensors.push((ROPE_FREQS.into(), vec![divisors.len()], divisors.to_vec()));
-    let mut b = b"GGUF".to_vec();
-    b.extend_from_slice(&3u32.to_le_bytes());
-    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-    b.extend_from_slice(&n_kv.to_le_bytes());
-    b.extend_from_slice(&kv);
-    let mut offset = 0u64;
-    for (name, shape, values) in &tensors {
-        put_str(&mut b, name);
-        b.extend_from_slice(&(shape.len() as u32).to_le_bytes());
-        for d in shape.iter().rev() {
-            b.extend_from_slice(&(*d as u64).to_le_bytes());
-        }
-        b.extend_from_slice(&0u32.to_le_bytes()); // F32
-        b.extend_from_slice(&offset.to_le_bytes());
-        offset += (values.len() as u64 * 4).div_ceil(32) * 32;
-    }
-    for (_, _, values) in std::iter::once(&(String::new(), vec![], vec![])).chain(&tensors) {
-        b.extend(values.iter().flat_map(|v| v.to_le_bytes()));
-        while !b.len().is_multiple_of(32) {
-            b.push(0);
-        }
-    }
-    std::fs::write(path, b).unwrap();
+    w.tensor(ROPE_FREQS, &[divisors.len()], GgmlType::F32, divisors);
+    std::fs::write(path, w.to_bytes()).unwrap();
 }
 
 /// Logits at positions far apart, where the low frequencies' scaling shows.
@@ -138,7 +92,7 @@ fn rope_scaling_survives_gguf_load_and_export() {
         &gguf,
         &scaled,
         &scaled.init_seeded(&device, 3),
-        &converter_divisors(&scaled),
+        &scaled.llama3_divisors().expect("scaled config"),
     );
     let file = GgufFile::open(&gguf).unwrap();
     let (model, cfg) = Transformer::from_gguf(&file, &device, DType::F32).unwrap();
