@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example throughput -- --model PATH [--device D] [--reps 3]
-//!     [--new-tokens 64] --json
+//!     [--new-tokens 64] [--train] --json
 //! ```
 //! - `decode_tok_s_b1`, `decode_tok_s_b8`: batch × new tokens / median wall time of one whole
 //!   generate call (32-token prompts cut from the same text as bench_hf.py, no padding, prefill
@@ -14,15 +14,26 @@
 //!   scalar, as bench_hf.py does).
 //! - `peak_rss_mb`: the process's peak resident memory (`VmHWM`), after loading and all runs;
 //!   `load_rss_mb` right after loading.
+//!
+//! With `--train`, the learner's figures replace the decode ones, measured as bench_hf.py's
+//! `bench_train` measures PyTorch: `forward_tok_s` as above, then `fwd_bwd_tok_s` and
+//! `fwd_bwd_adamw_tok_s` = 8 × 128 / median time of one step on the same ids — the learner's
+//! forward (every parameter trained), cross-entropy over all 8 × 127 next-token targets with the
+//! full output head, backward, and for the second an AdamW step at lr 1e-6 with PyTorch's
+//! defaults (betas 0.9 / 0.999, ε 1e-8, weight decay 0.01) — after a warm-up step; median of
+//! `--reps`. `loss` is the last step's cross-entropy.
 
 mod common;
 
 use anyhow::Result;
+use burn::optim::GradientsParams;
+use burn::tensor::Device;
 use burn::tensor::{Int, Tensor, TensorData};
 use rlft::algo::seed::{GOLDEN_GAMMA, xorshift64};
 use rlft::cli::Args;
 use rlft::model::ForwardInput;
-use rlft::rollout::{Sampler, SamplingConfig};
+use rlft::rollout::{LearnerBatch, Sampler, SamplingConfig};
+use rlft::train::optim::FusedAdamWConfig;
 use std::time::Instant;
 
 /// The text bench_hf.py cuts its prompts from.
@@ -46,6 +57,7 @@ fn main() -> Result<()> {
         ("device", true),
         ("reps", true),
         ("new-tokens", true),
+        ("train", false),
         ("json", false),
     ])
     .map_err(anyhow::Error::msg)?;
@@ -62,7 +74,8 @@ fn main() -> Result<()> {
     );
     let sampler = Sampler::new(&p.model, None);
     let mut decode = Vec::new();
-    for bs in [1usize, 8] {
+    let decode_sizes: &[usize] = if args.flag("train") { &[] } else { &[1, 8] };
+    for &bs in decode_sizes {
         let prompts: Vec<Vec<u32>> = (0..bs).map(|i| ids[8 * i..8 * i + 32].to_vec()).collect();
         let cfg = |n: usize, seed: u64| {
             SamplingConfig::new()
@@ -91,7 +104,7 @@ fn main() -> Result<()> {
         })
         .collect();
     let input = ForwardInput::new(Tensor::<2, Int>::from_data(
-        TensorData::new(rand_ids, [b, t]),
+        TensorData::new(rand_ids.clone(), [b, t]),
         &device,
     ));
     let mut fwd = Vec::new();
@@ -103,19 +116,76 @@ fn main() -> Result<()> {
             fwd.push(start.elapsed().as_secs_f64());
         }
     }
-    let out = serde_json::json!({
-        "decode_tok_s_b1": (decode[0] * 10.0).round() / 10.0,
-        "decode_tok_s_b8": (decode[1] * 10.0).round() / 10.0,
-        "forward_tok_s": ((b * t) as f64 / median(fwd) * 10.0).round() / 10.0,
-        "peak_rss_mb": common::peak_rss_mb().round(),
+    let tok_s = |times: Vec<f64>| ((b * t) as f64 / median(times) * 10.0).round() / 10.0;
+    let mut out = serde_json::json!({
+        "forward_tok_s": tok_s(fwd),
         "load_rss_mb": load_rss.round(),
         "device": format!("{device:?}"),
         "reps": reps,
     });
+    if args.flag("train") {
+        let train = learner_steps(&args, &device, &rand_ids, [b, t], reps)?;
+        out["fwd_bwd_tok_s"] = tok_s(train.fwd_bwd).into();
+        out["fwd_bwd_adamw_tok_s"] = tok_s(train.fwd_bwd_adamw).into();
+        out["loss"] = train.loss.into();
+    } else {
+        out["decode_tok_s_b1"] = ((decode[0] * 10.0).round() / 10.0).into();
+        out["decode_tok_s_b8"] = ((decode[1] * 10.0).round() / 10.0).into();
+    }
+    out["peak_rss_mb"] = common::peak_rss_mb().round().into();
     if args.flag("json") {
         println!("{out}");
     } else {
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
     Ok(())
+}
+
+/// Step times of the learner (see the module docs).
+struct LearnerTimes {
+    fwd_bwd: Vec<f64>,
+    fwd_bwd_adamw: Vec<f64>,
+    loss: f64,
+}
+
+/// Times `reps` learner steps (after one warm-up) on `ids` (`[b, t]`): forward, mean
+/// cross-entropy of every next token, backward, and with AdamW an optimizer step. The model is
+/// loaded again on `device`'s autodiff twin, every parameter trained, as the trainer holds it.
+fn learner_steps(
+    args: &Args,
+    device: &Device,
+    ids: &[i64],
+    [b, t]: [usize; 2],
+    reps: usize,
+) -> Result<LearnerTimes> {
+    let ad = device.clone().autodiff();
+    let mut model = common::load(args, &ad)?.model;
+    // Each row is one sequence: its first token is the prompt, the other t − 1 are predicted.
+    let rows: Vec<(&[i64], usize)> = ids.chunks(t).map(|r| (r, 1)).collect();
+    let batch = LearnerBatch::new(&rows, 0, &ad);
+    let targets = (b * (t - 1)) as f64;
+    let mut times = [Vec::new(), Vec::new()];
+    let mut loss_v = f64::NAN;
+    for (mode, out) in times.iter_mut().enumerate() {
+        let mut optim = (mode == 1).then(|| FusedAdamWConfig::new().init());
+        for r in 0..=reps {
+            let start = Instant::now();
+            let loss = batch.logprobs(&model, None)?.sum().neg() * (1.0 / targets);
+            loss_v = f64::from(loss.clone().into_scalar::<f32>());
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            if let Some(o) = optim.as_mut() {
+                model = o.step(1e-6, model, grads);
+            }
+            anyhow::ensure!(loss_v.is_finite(), "non-finite loss");
+            if r > 0 {
+                out.push(start.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let [fwd_bwd, fwd_bwd_adamw] = times;
+    Ok(LearnerTimes {
+        fwd_bwd,
+        fwd_bwd_adamw,
+        loss: (loss_v * 1e4).round() / 1e4,
+    })
 }

@@ -4,7 +4,12 @@
     pip install torch transformers trl datasets
     python3 scripts/bench_hf.py [--only gen,train,grpo] [--model build/smollm2-hf] [--out FILE]
 
-The model folder comes from `python3 scripts/export_smollm2_hf.py --out build/smollm2-hf`.
+The model folder comes from `rlft export models/SmolLM2-135M-Instruct.Q4_1.gguf --hf
+build/smollm2-hf` (the f32 weights rlft computes with) or from
+`python3 scripts/export_smollm2_hf.py --out build/smollm2-hf` (transformers' own GGUF loader).
+With `train`, the last line is `{"forward_tok_s", "fwd_bwd_tok_s", "fwd_bwd_adamw_tok_s"}`, the
+keys `cargo run --release --example throughput -- --model PATH --train --json` prints
+(`scripts/learner_ratios.sh` runs the pair).
 
 Prints one JSON document (and writes it to --out if given):
   gen   : model.generate, KV cache, pure sampling (temperature 1.0, top_k 0, top_p 1.0),
@@ -260,6 +265,12 @@ def main():
         r["contention_after"] = contention()
         doc[sec] = r
         print(json.dumps({sec: r}), flush=True)
+    if "train" in doc:
+        # The learner's figures under the keys `throughput --train --json` prints, last.
+        t = doc["train"]
+        print(json.dumps({"forward_tok_s": t["fwd"]["tokens_per_s"],
+                          "fwd_bwd_tok_s": t["fwd_bwd"]["tokens_per_s"],
+                          "fwd_bwd_adamw_tok_s": t["fwd_bwd_adamw"]["tokens_per_s"]}), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
