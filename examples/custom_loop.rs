@@ -18,6 +18,10 @@ use rlft::model::{Pretrained, Tokenizer, TransformerConfig};
 use rlft::rollout::{LengthPenalty, RolloutConfig, SamplingConfig, Split, Task, TaskKind, rollout};
 use rlft::train::learner::{LearnerInputs, LossOut, chunked_backward};
 
+/// rlft's allocator (mimalloc, freed memory kept): `rlft::alloc`.
+#[global_allocator]
+static GLOBAL: rlft::alloc::Allocator = rlft::alloc::Allocator;
+
 fn main() -> Result<()> {
     let args = Args::parse(&[("model", true), ("steps", true)]).map_err(anyhow::Error::msg)?;
     run(args).map(|_| ())

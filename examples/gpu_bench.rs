@@ -62,6 +62,10 @@ fn prompts(n: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// rlft's allocator (mimalloc, freed memory kept): `rlft::alloc`.
+#[global_allocator]
+static GLOBAL: rlft::alloc::Allocator = rlft::alloc::Allocator;
+
 fn main() -> Result<()> {
     let args = Args::parse(&[
         ("device", true),

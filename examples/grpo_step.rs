@@ -48,6 +48,10 @@ export_final = false
 progress = false
 "#;
 
+/// rlft's allocator (mimalloc, freed memory kept): `rlft::alloc`.
+#[global_allocator]
+static GLOBAL: rlft::alloc::Allocator = rlft::alloc::Allocator;
+
 fn main() -> Result<()> {
     let args = Args::parse(&[
         ("model", true),

@@ -19,6 +19,10 @@ use anyhow::{Context, Result, bail};
 use rlft::train::{Recipe, Trainer};
 use std::path::PathBuf;
 
+/// rlft's allocator (mimalloc, freed memory kept): `rlft::alloc`.
+#[global_allocator]
+static GLOBAL: rlft::alloc::Allocator = rlft::alloc::Allocator;
+
 fn main() -> Result<()> {
     let mut recipe = PathBuf::from("recipes/grpo-smollm2-arith.toml");
     let mut lags = vec![0usize, 4];

@@ -11,6 +11,10 @@
 //! `schedule.steps`, `eval.*`, `checkpoint.*` and `logging.*` may change. Ctrl-C writes a
 //! checkpoint, then exits.
 
+/// rlft's allocator (mimalloc, freed memory kept): `rlft::alloc`.
+#[global_allocator]
+static GLOBAL: rlft::alloc::Allocator = rlft::alloc::Allocator;
+
 fn main() -> anyhow::Result<()> {
     let report = rlft::cli::train(std::env::args().skip(1))?;
     println!("{report}");

@@ -22,6 +22,7 @@ pub use rlft_model::device;
 pub use rlft_rollout as rollout;
 pub use rlft_train as train;
 
+pub mod alloc;
 pub mod cli;
 
 /// The burn version rlft is built on.

@@ -9,6 +9,10 @@ use rlft::cli::Args;
 use rlft::model::{ChatMessage, Pretrained};
 use std::path::Path;
 
+/// rlft's allocator (mimalloc, freed memory kept): `rlft::alloc`.
+#[global_allocator]
+static GLOBAL: rlft::alloc::Allocator = rlft::alloc::Allocator;
+
 /// `--device` (else `RLFT_DEVICE`, else the build's default backend).
 pub fn device(args: &Args) -> Result<Device> {
     Ok(rlft::device::resolve(args.value("device"))?)

@@ -29,6 +29,9 @@ usage: rlft train RECIPE.toml [--set KEY=VALUE]... [--device D] [--resume DIR]
        rlft recipe keys      every recipe key: type, default, allowed values, meaning (Markdown)
        rlft --version";
 
+#[global_allocator]
+static GLOBAL: rlft::alloc::Allocator = rlft::alloc::Allocator;
+
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     match args.next().as_deref() {
