@@ -30,8 +30,10 @@ const OS_TAG_DEFAULT: std::ffi::c_long = 100;
 
 static TUNED: AtomicBool = AtomicBool::new(false);
 
+/// Sets the option once. Every allocation passes here, so the common case is one read; only
+/// the first calls write the flag.
 fn tune() {
-    if !TUNED.swap(true, Ordering::Relaxed) {
+    if !TUNED.load(Ordering::Relaxed) && !TUNED.swap(true, Ordering::Relaxed) {
         // SAFETY: option calls take plain integers and do not allocate.
         unsafe {
             if libmimalloc_sys::mi_option_get(OS_TAG) == OS_TAG_DEFAULT {
