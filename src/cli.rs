@@ -153,41 +153,43 @@ pub fn export(args: impl IntoIterator<Item = String>) -> Result<String, rlft_tra
             args.positional
         )));
     };
-    let ty: GgufFileType = match args.value("type") {
-        None => GgufFileType::default(),
-        Some(t) => t
-            .parse()
-            .map_err(|e: rlft_model::ModelError| usage(e.to_string()))?,
+    let ty = || -> Result<GgufFileType, TrainError> {
+        match args.value("type") {
+            None => Ok(GgufFileType::default()),
+            Some(t) => t
+                .parse()
+                .map_err(|e: rlft_model::ModelError| usage(e.to_string())),
+        }
     };
-    let out = match (args.value("gguf"), args.value("hf")) {
-        (Some(_), Some(_)) | (None, None) => {
+    let (out, ty) = match (args.value("gguf"), args.value("hf")) {
+        (Some(g), None) => (g, Some(ty()?)),
+        (None, Some(_)) if args.value("type").is_some() => {
+            return Err(usage("--type applies to --gguf only".into()));
+        }
+        (None, Some(h)) => (h, None),
+        _ => {
             return Err(usage(
                 "give exactly one of --gguf OUT.gguf and --hf DIR".into(),
             ));
         }
-        (None, Some(_)) if args.value("type").is_some() => {
-            return Err(usage("--type applies to --gguf only".into()));
-        }
-        (Some(g), None) => g,
-        (None, Some(h)) => h,
     };
     let model = rlft_train::export::load_source(std::path::Path::new(source))?;
     let out = std::path::Path::new(out);
-    if args.value("gguf").is_some() {
-        model.save_gguf(out, ty)?;
-        Ok(format!(
-            "wrote {} ({ty}, {})",
-            out.display(),
-            model.config.model_type
-        ))
-    } else {
-        model.save_hf(out)?;
-        Ok(format!(
-            "wrote {} (Hugging Face checkpoint, {})",
-            out.display(),
-            model.config.model_type
-        ))
-    }
+    let what = match ty {
+        Some(ty) => {
+            model.save_gguf(out, ty)?;
+            ty.to_string()
+        }
+        None => {
+            model.save_hf(out)?;
+            "Hugging Face checkpoint".to_string()
+        }
+    };
+    Ok(format!(
+        "wrote {} ({what}, {})",
+        out.display(),
+        model.config.model_type
+    ))
 }
 
 #[cfg(test)]

@@ -55,40 +55,39 @@ const GGUF_LAYER_NAMES: [(&str, &str); 11] = [
     ("post_attention_layernorm", "ffn_norm"),
 ];
 
-/// Undoes llama.cpp's `permute` of q/k projection rows: within each head, llama.cpp interleaves
-/// the two rotary halves (`row h·hd + 2j + k` holds HF row `h·hd + k·hd/2 + j`).
-pub(crate) fn unpermute_rows(values: &[f32], heads: usize, row_len: usize) -> Vec<f32> {
+/// The llama.cpp row of HF row `r` of a q/k projection whose heads have `hd` rows: within each
+/// head, llama.cpp interleaves the two rotary halves (HF row `h·hd + k·hd/2 + j` is stored at
+/// `h·hd + 2j + k`).
+fn llama_cpp_row(r: usize, hd: usize) -> usize {
+    let (head, i) = (r / hd, r % hd);
+    let (k, j) = (i / (hd / 2), i % (hd / 2));
+    head * hd + 2 * j + k
+}
+
+/// The rows of `values` (`row_len` long, `heads` heads) moved into llama.cpp's order, or back
+/// out of it.
+fn reorder_rows(values: &[f32], heads: usize, row_len: usize, to_llama_cpp: bool) -> Vec<f32> {
     let rows = values.len() / row_len;
     let hd = rows / heads;
     let mut out = vec![0.0; values.len()];
-    for h in 0..heads {
-        for j in 0..hd / 2 {
-            for k in 0..2 {
-                let src = h * hd + 2 * j + k;
-                let dst = h * hd + k * (hd / 2) + j;
-                out[dst * row_len..(dst + 1) * row_len]
-                    .copy_from_slice(&values[src * row_len..(src + 1) * row_len]);
-            }
-        }
+    for r in 0..rows {
+        let l = llama_cpp_row(r, hd);
+        let (src, dst) = if to_llama_cpp { (r, l) } else { (l, r) };
+        out[dst * row_len..(dst + 1) * row_len]
+            .copy_from_slice(&values[src * row_len..(src + 1) * row_len]);
     }
     out
 }
 
 /// llama.cpp's `permute` of q/k projection rows (`convert_hf_to_gguf.py`,
-/// `LlamaModel.permute`): within each head, the two rotary halves are interleaved.
+/// `LlamaModel.permute`).
 pub(crate) fn permute_rows(values: &[f32], heads: usize, row_len: usize) -> Vec<f32> {
-    let hd = values.len() / row_len / heads;
-    let mut out = vec![0.0; values.len()];
-    for h in 0..heads {
-        for k in 0..2 {
-            for j in 0..hd / 2 {
-                let (src, dst) = (h * hd + k * (hd / 2) + j, h * hd + 2 * j + k);
-                out[dst * row_len..(dst + 1) * row_len]
-                    .copy_from_slice(&values[src * row_len..(src + 1) * row_len]);
-            }
-        }
-    }
-    out
+    reorder_rows(values, heads, row_len, true)
+}
+
+/// Undoes llama.cpp's `permute` of q/k projection rows ([`permute_rows`]).
+pub(crate) fn unpermute_rows(values: &[f32], heads: usize, row_len: usize) -> Vec<f32> {
+    reorder_rows(values, heads, row_len, false)
 }
 
 #[cfg(test)]
@@ -143,6 +142,7 @@ mod tests {
             }
         }
         assert_ne!(permuted, hf);
+        assert_eq!(permute_rows(&hf, heads, cols), permuted);
         assert_eq!(unpermute_rows(&permuted, heads, cols), hf);
     }
 }
