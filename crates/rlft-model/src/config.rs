@@ -1,10 +1,13 @@
-//! Model configuration from a Hugging Face `config.json` (Llama 1/2/3, Mistral, Qwen2, Qwen3,
-//! SmolLM/SmolLM2).
+//! Model configuration from a Hugging Face `config.json`: the Llama family (Llama 1/2/3,
+//! Mistral, Qwen2, Qwen3, SmolLM/SmolLM2), Gemma 2/3, Phi-3/Phi-4-mini, OLMo 2, Granite, and the
+//! mixtures of experts Qwen3-MoE and Mixtral.
 
-use crate::{ModelError, Result};
+mod family;
+mod hf;
+mod hf_write;
+
 use burn::config::Config;
-use serde::Deserialize;
-use std::path::Path;
+pub use family::{Activation, LayerType, MoeConfig, NormPlacement, WeightLayout};
 
 /// Llama 3 RoPE frequency scaling (`rope_type = "llama3"`).
 #[derive(Config, Debug, PartialEq)]
@@ -59,194 +62,112 @@ pub struct TransformerConfig {
     /// Longest supported context.
     #[config(default = 4096)]
     pub max_position_embeddings: usize,
-}
-
-#[derive(Debug, Deserialize)]
-struct RopeParameters {
-    rope_theta: Option<f64>,
-    rope_type: Option<String>,
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    factor: Option<f64>,
-    low_freq_factor: Option<f64>,
-    high_freq_factor: Option<f64>,
-    original_max_position_embeddings: Option<f64>,
-}
-
-#[derive(Debug, Deserialize)]
-struct HfConfig {
-    model_type: Option<String>,
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_key_value_heads: Option<usize>,
-    head_dim: Option<usize>,
-    rms_norm_eps: Option<f64>,
-    rope_theta: Option<f64>,
-    rope_parameters: Option<RopeParameters>,
-    rope_scaling: Option<RopeParameters>,
-    tie_word_embeddings: Option<bool>,
-    attention_bias: Option<bool>,
-    max_position_embeddings: Option<usize>,
-    hidden_act: Option<String>,
+    /// Where each layer's norms sit.
+    #[config(default = "NormPlacement::Pre")]
+    pub norm_placement: NormPlacement,
+    /// RMSNorms scale by `1 + w` (Gemma) instead of the stored `w`.
+    #[config(default = false)]
+    pub norm_unit_offset: bool,
+    /// With `qk_norm`: one norm over the whole q (k) projection (OLMo 2) instead of one per head.
+    #[config(default = false)]
+    pub qk_norm_whole: bool,
+    /// The gated MLP's activation.
+    #[config(default = "Activation::Silu")]
+    pub activation: Activation,
+    /// Input embeddings are multiplied by this (Gemma: √hidden; Granite's
+    /// `embedding_multiplier`); the tied output head uses the raw matrix.
+    #[config(default = 1.0)]
+    pub embedding_multiplier: f64,
+    /// Attention scores are multiplied by this; `None`: `1/√head_dim` (Gemma:
+    /// `query_pre_attn_scalar^−½`; Granite: `attention_multiplier`).
+    pub attention_multiplier: Option<f64>,
+    /// Attention scores `s ← c·tanh(s/c)` before the mask (Gemma 2).
+    pub attn_logit_softcapping: Option<f64>,
+    /// Logits `z ← c·tanh(z/c)` after the head (Gemma 2/3).
+    pub final_logit_softcapping: Option<f64>,
+    /// Each sub-layer's output is multiplied by this before the residual add (Granite).
+    #[config(default = 1.0)]
+    pub residual_multiplier: f64,
+    /// Logits are divided by this (Granite's `logits_scaling`).
+    #[config(default = 1.0)]
+    pub logits_scaling: f64,
+    /// The fraction of each head's dims that rotate (Phi-4-mini: 0.75); the rest pass through.
+    #[config(default = 1.0)]
+    pub partial_rotary_factor: f64,
+    /// Window of sliding-attention layers.
+    pub sliding_window: Option<usize>,
+    /// Attention type per layer; empty: every layer slides when `sliding_window` is set,
+    /// otherwise none does.
+    #[config(default = "Vec::new()")]
+    pub layer_types: Vec<LayerType>,
+    /// RoPE θ of sliding layers, unscaled (Gemma 3's `rope_local_base_freq`); `None`: as global.
+    pub rope_local_theta: Option<f64>,
+    /// Linear RoPE scaling: frequencies divided by this (on global layers only when
+    /// `rope_local_theta` is set).
+    pub rope_linear_factor: Option<f64>,
+    /// Sparse mixture-of-experts blocks (Qwen3-MoE, Mixtral).
+    pub moe: Option<MoeConfig>,
 }
 
 impl TransformerConfig {
-    /// Reads `config.json`.
-    pub fn from_hf_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.into(),
-            source,
-        })?;
-        Self::from_hf_json(&text).map_err(|e| match e {
-            ModelError::Config { msg, .. } => ModelError::Config {
-                path: path.into(),
-                msg,
-            },
-            other => other,
-        })
+    /// How this family names its weights on disk.
+    pub fn weight_layout(&self) -> WeightLayout {
+        match self.model_type.as_str() {
+            "phi3" => WeightLayout::Phi3,
+            "mixtral" => WeightLayout::Mixtral,
+            _ => WeightLayout::Llama,
+        }
     }
 
-    /// Parses the text of a Hugging Face `config.json`. Accepts both a top-level `rope_theta`
-    /// and transformers 5's `rope_parameters`.
-    pub fn from_hf_json(text: &str) -> Result<Self> {
-        let err = |msg: String| ModelError::Config {
-            path: "<memory>".into(),
-            msg,
-        };
-        let hf: HfConfig = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
-        let model_type = hf.model_type.clone().unwrap_or_else(|| "llama".into());
-        let known = [
-            "llama", "mistral", "qwen2", "qwen3", "smollm", "smollm2", "smollm3",
-        ];
-        if !known.contains(&model_type.as_str()) {
-            return Err(err(format!(
-                "model_type '{model_type}' is not supported; supported: {}",
-                known.join(", ")
-            )));
+    /// The attention type of layer `i`.
+    pub fn layer_type(&self, i: usize) -> LayerType {
+        match (self.sliding_window, self.layer_types.get(i)) {
+            (None, _) => LayerType::Full,
+            (Some(_), Some(t)) => *t,
+            (Some(_), None) if self.layer_types.is_empty() => LayerType::Sliding,
+            (Some(_), None) => LayerType::Full,
         }
-        if let Some(act) = &hf.hidden_act
-            && act != "silu"
-        {
-            return Err(err(format!(
-                "hidden_act '{act}' is not supported (only silu/SwiGLU)"
-            )));
-        }
-        let heads = hf.num_attention_heads;
-        let kv = hf.num_key_value_heads.unwrap_or(heads);
-        if heads == 0 || kv == 0 || !heads.is_multiple_of(kv) {
-            return Err(err(format!(
-                "num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads ({kv})"
-            )));
-        }
-        let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / heads);
-        if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(err(format!(
-                "head_dim {head_dim} must be even and > 0 for RoPE"
-            )));
-        }
-        let rope = hf.rope_parameters.as_ref().or(hf.rope_scaling.as_ref());
-        let rope_theta = hf
-            .rope_theta
-            .or_else(|| rope.and_then(|r| r.rope_theta))
-            .unwrap_or(10000.0);
-        let rope_type = rope.and_then(|r| r.rope_type.clone().or_else(|| r.kind.clone()));
-        let rope_scaling = match rope_type.as_deref() {
-            None | Some("default") => None,
-            Some("llama3") => {
-                let r = rope.ok_or_else(|| err("llama3 rope scaling without parameters".into()))?;
-                let need = |v: Option<f64>, name: &str| {
-                    v.ok_or_else(|| err(format!("llama3 rope scaling needs '{name}'")))
-                };
-                Some(Llama3RopeScaling {
-                    factor: need(r.factor, "factor")?,
-                    low_freq_factor: need(r.low_freq_factor, "low_freq_factor")?,
-                    high_freq_factor: need(r.high_freq_factor, "high_freq_factor")?,
-                    original_max_position_embeddings: need(
-                        r.original_max_position_embeddings,
-                        "original_max_position_embeddings",
-                    )?,
-                })
-            }
-            Some(other) => {
-                return Err(err(format!(
-                    "rope_type '{other}' is not supported (supported: default, llama3)"
-                )));
-            }
-        };
-        Ok(TransformerConfig {
-            model_type: model_type.clone(),
-            vocab_size: hf.vocab_size,
-            hidden_size: hf.hidden_size,
-            intermediate_size: hf.intermediate_size,
-            num_layers: hf.num_hidden_layers,
-            num_heads: heads,
-            num_kv_heads: kv,
-            head_dim,
-            rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta,
-            rope_scaling,
-            tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
-            attention_bias: hf.attention_bias.unwrap_or(model_type == "qwen2"),
-            qk_norm: model_type == "qwen3",
-            max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
-        })
     }
 
-    /// The `config.json` transformers and vLLM read for this architecture.
-    pub fn to_hf_json(&self) -> serde_json::Value {
-        let (arch, model_type) = match self.model_type.as_str() {
-            "qwen2" => ("Qwen2ForCausalLM", "qwen2"),
-            "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
-            "mistral" => ("MistralForCausalLM", "mistral"),
-            _ => ("LlamaForCausalLM", "llama"),
-        };
-        let mut rope = serde_json::json!({"rope_type": "default", "rope_theta": self.rope_theta});
-        if let Some(s) = &self.rope_scaling {
-            // transformers wants an integer here (and warns about 8192.0).
-            let orig = s.original_max_position_embeddings;
-            let orig = if orig.fract() == 0.0 && (0.0..9e15).contains(&orig) {
-                serde_json::json!(orig as u64)
-            } else {
-                serde_json::json!(orig)
-            };
-            rope = serde_json::json!({
-                "rope_type": "llama3", "rope_theta": self.rope_theta, "factor": s.factor,
-                "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
-                "original_max_position_embeddings": orig,
-            });
+    /// The window of layer `i` (`None`: full causal attention).
+    pub fn layer_window(&self, i: usize) -> Option<usize> {
+        match self.layer_type(i) {
+            LayerType::Full => None,
+            LayerType::Sliding => self.sliding_window,
         }
-        serde_json::json!({
-            "architectures": [arch],
-            "model_type": model_type,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": if self.rope_scaling.is_some() { rope.clone() } else { serde_json::Value::Null },
-            "rope_parameters": rope,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias,
-            "mlp_bias": false,
-            "max_position_embeddings": self.max_position_embeddings,
-            "torch_dtype": "float32",
-            "dtype": "float32",
-        })
     }
 
-    /// RoPE inverse frequencies `θ^(−2i/d)`, with Llama 3 scaling applied when configured.
+    /// Whether layer `i` has a mixture of experts.
+    pub fn is_sparse_layer(&self, i: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| m.is_sparse(i))
+    }
+
+    /// Dims of each head that rotate (even, at most `head_dim`).
+    pub fn rotary_dim(&self) -> usize {
+        let r = (self.head_dim as f64 * self.partial_rotary_factor) as usize;
+        (r - r % 2).min(self.head_dim)
+    }
+
+    /// RoPE inverse frequencies of sliding layers when they use their own base (Gemma 3:
+    /// `rope_local_base_freq`, unscaled); `None`: every layer uses [`TransformerConfig::inv_freq`].
+    pub fn local_inv_freq(&self) -> Option<Vec<f64>> {
+        let theta = self.rope_local_theta?;
+        let r = self.rotary_dim();
+        Some(
+            (0..r / 2)
+                .map(|i| 1.0 / theta.powf(2.0 * i as f64 / r as f64))
+                .collect(),
+        )
+    }
+
+    /// RoPE inverse frequencies `θ^(−2i/r)` over the `r` rotary dims, with Llama 3 or linear
+    /// scaling applied when configured.
     pub fn inv_freq(&self) -> Vec<f64> {
-        let d = self.head_dim as f64;
-        let base: Vec<f64> = (0..self.head_dim / 2)
-            .map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f64 / d))
+        let r = self.rotary_dim();
+        let d = r as f64;
+        let linear = self.rope_linear_factor.unwrap_or(1.0);
+        let base: Vec<f64> = (0..r / 2)
+            .map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f64 / d) / linear)
             .collect();
         let Some(s) = &self.rope_scaling else {
             return base;

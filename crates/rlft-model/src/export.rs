@@ -6,7 +6,7 @@
 mod gguf;
 pub use gguf::GgufFileType;
 
-use crate::model::Transformer;
+use crate::model::{FeedForward, Mlp, Transformer};
 use crate::{ModelError, Result, Tokenizer, TransformerConfig};
 use burn::config::Config;
 use burn::module::{Lora, Module, ParamGroup};
@@ -16,8 +16,11 @@ use safetensors::tensor::TensorView;
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Projections LoRA can adapt, by their HF names.
-pub const LORA_TARGETS: [&str; 7] = [
+/// Projections LoRA can adapt, by their HF names. Phi-3's fused `qkv_proj` and `gate_up_proj`
+/// adapt the projections they hold: each of q, k and v (gate and up) gets its own rank-r
+/// adapter, and the merged weights are written fused again. The experts of a mixture adapt
+/// under the dense names (`gate_proj`, `up_proj`, `down_proj`, Mixtral's `w1`, `w3`, `w2`).
+pub const LORA_TARGETS: [&str; 12] = [
     "q_proj",
     "k_proj",
     "v_proj",
@@ -25,7 +28,28 @@ pub const LORA_TARGETS: [&str; 7] = [
     "gate_proj",
     "up_proj",
     "down_proj",
+    "qkv_proj",
+    "gate_up_proj",
+    "w1",
+    "w2",
+    "w3",
 ];
+
+/// The model's projection names a LoRA target stands for.
+fn lora_modules(target: &str) -> &'static [&'static str] {
+    match target {
+        "q_proj" => &["q_proj"],
+        "k_proj" => &["k_proj"],
+        "v_proj" => &["v_proj"],
+        "o_proj" => &["o_proj"],
+        "gate_proj" | "w1" => &["gate_proj"],
+        "up_proj" | "w3" => &["up_proj"],
+        "down_proj" | "w2" => &["down_proj"],
+        "qkv_proj" => &["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj" => &["gate_proj", "up_proj"],
+        _ => &[],
+    }
+}
 
 /// LoRA adapters: `W + (alpha / rank) · A·B` on the named projections; everything else frozen.
 #[derive(Config, Debug, PartialEq)]
@@ -74,12 +98,15 @@ impl Transformer {
     /// weight: only the adapters train. [`Transformer::merged`] folds them back in.
     pub fn with_lora(self, cfg: &LoraConfig) -> Result<Self> {
         cfg.validate()?;
-        let group = ParamGroup::from_any_predicates(
-            cfg.target_modules
-                .iter()
-                .map(|m| format!(".{m}."))
-                .collect(),
-        );
+        let mut modules: Vec<&str> = cfg
+            .target_modules
+            .iter()
+            .flat_map(|m| lora_modules(m).iter().copied())
+            .collect();
+        modules.sort_unstable();
+        modules.dedup();
+        let group =
+            ParamGroup::from_any_predicates(modules.iter().map(|m| format!(".{m}.")).collect());
         Ok(self.apply_lora(Lora::new(cfg.rank, cfg.alpha).set_param_group(group)))
     }
 
@@ -88,8 +115,10 @@ impl Transformer {
         self.valid().materialize()
     }
 
-    /// The weights under their Hugging Face names and shapes (`[out, in]` for projections),
-    /// as f32, LoRA merged.
+    /// The weights under the model's own names (Llama's and Qwen3-MoE's Hugging Face names)
+    /// and shapes (`[out, in]` for projections), as f32, LoRA merged. A family that names or
+    /// fuses its weights otherwise on disk (Phi-3, Mixtral) is written through
+    /// [`Transformer::save_hf`], which maps them.
     pub fn hf_tensors(&self) -> Vec<(String, Vec<usize>, Vec<f32>)> {
         fn host<const D: usize>(t: Tensor<D>) -> (Vec<usize>, Vec<f32>) {
             let shape = t.dims().to_vec();
@@ -101,6 +130,15 @@ impl Transformer {
         let mut push =
             |name: String, (shape, v): (Vec<usize>, Vec<f32>)| out.push((name, shape, v));
         let linear = |l: &burn::nn::Linear| host(l.weight.val().transpose());
+        let mlp = |p: &str, mlp: &Mlp, push: &mut dyn FnMut(String, (Vec<usize>, Vec<f32>))| {
+            for (n, l) in [
+                ("gate_proj", &mlp.gate_proj),
+                ("up_proj", &mlp.up_proj),
+                ("down_proj", &mlp.down_proj),
+            ] {
+                push(format!("{p}.{n}.weight"), linear(l));
+            }
+        };
         push(
             "model.embed_tokens.weight".into(),
             host(m.embed_tokens.weight.val()),
@@ -124,22 +162,34 @@ impl Transformer {
                     push(format!("{p}.self_attn.{n}.weight"), host(norm.gamma.val()));
                 }
             }
-            let mlp = &layer.mlp;
-            for (n, l) in [
-                ("gate_proj", &mlp.gate_proj),
-                ("up_proj", &mlp.up_proj),
-                ("down_proj", &mlp.down_proj),
-            ] {
-                push(format!("{p}.mlp.{n}.weight"), linear(l));
+            match &layer.mlp {
+                FeedForward::Dense(d) => mlp(&format!("{p}.mlp"), d, &mut push),
+                FeedForward::Experts(moe) => {
+                    push(format!("{p}.mlp.gate.weight"), linear(&moe.gate));
+                    for (e, expert) in moe.experts.iter().enumerate() {
+                        mlp(&format!("{p}.mlp.experts.{e}"), expert, &mut push);
+                    }
+                }
             }
-            push(
-                format!("{p}.input_layernorm.weight"),
-                host(layer.input_layernorm.gamma.val()),
-            );
-            push(
-                format!("{p}.post_attention_layernorm.weight"),
-                host(layer.post_attention_layernorm.gamma.val()),
-            );
+            for (n, norm) in [
+                ("input_layernorm", layer.input_layernorm.as_ref()),
+                (
+                    "post_attention_layernorm",
+                    Some(&layer.post_attention_layernorm),
+                ),
+                (
+                    "pre_feedforward_layernorm",
+                    layer.pre_feedforward_layernorm.as_ref(),
+                ),
+                (
+                    "post_feedforward_layernorm",
+                    layer.post_feedforward_layernorm.as_ref(),
+                ),
+            ] {
+                if let Some(norm) = norm {
+                    push(format!("{p}.{n}.weight"), host(norm.gamma.val()));
+                }
+            }
         }
         push("model.norm.weight".into(), host(m.norm.gamma.val()));
         if let Some(head) = &m.lm_head {
@@ -173,7 +223,7 @@ impl Transformer {
             let path = dir.join(name);
             crate::write_atomic(&path, bytes).map_err(io(&path))
         };
-        let tensors = self.hf_tensors();
+        let tensors = crate::load::names::to_disk(config, self.hf_tensors());
         let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
             .into_iter()
             .map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect()))

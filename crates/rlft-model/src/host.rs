@@ -14,11 +14,13 @@
 //! new token. The result equals the backend's forward pass to f32 rounding (tests in
 //! `tests/fixtures.rs` against transformers' logits).
 
+use crate::config::NormPlacement;
 use crate::decode::{HostMatrix, kernels_available};
 use crate::hostmem::{host_resident, host_vec};
+use crate::layers::Norm;
 use crate::model::{KvCache, Transformer};
 use crate::{ModelError, Result};
-use burn::nn::{Linear, RmsNorm};
+use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use rayon::prelude::*;
 
@@ -34,9 +36,14 @@ struct HostNorm {
 }
 
 impl HostNorm {
-    fn new(norm: &RmsNorm) -> Result<Self> {
+    fn new(norm: &Norm) -> Result<Self> {
+        let gamma = host_vec(norm.gamma.val())?;
         Ok(Self {
-            gamma: host_vec(norm.gamma.val())?,
+            gamma: if norm.unit_offset {
+                gamma.into_iter().map(|w| 1.0 + w).collect()
+            } else {
+                gamma
+            },
             eps: norm.epsilon as f32,
         })
     }
@@ -126,15 +133,83 @@ struct HostLayer {
 }
 
 impl HostWeights {
+    /// Why the host kernels cannot decode `model`, or `None` when they can. They cover the
+    /// Llama family (Llama, Mistral without a window, Qwen2, Qwen3, SmolLM); a family with
+    /// sliding windows, soft-caps, other norm placements, partial rotary, scaled embeddings or
+    /// logits, GeGLU or experts decodes on the backend.
+    pub fn unsupported(model: &Transformer) -> Option<&'static str> {
+        let hd = model.head_dim;
+        let plain_scale = (1.0 / (hd as f64).sqrt()) as f32;
+        let layer = |l: &crate::layers::DecoderLayer| -> Option<&'static str> {
+            let a = &l.self_attn;
+            let m = match &l.mlp {
+                crate::layers::FeedForward::Dense(m) => m,
+                crate::layers::FeedForward::Experts(_) => return Some("mixture of experts"),
+            };
+            if l.norm_placement() != NormPlacement::Pre {
+                return Some("norms around or after the sub-layers");
+            }
+            if a.window.is_some() {
+                return Some("sliding-window attention");
+            }
+            if a.softcap.is_some() {
+                return Some("attention soft-cap");
+            }
+            if a.scale as f32 != plain_scale {
+                return Some("attention scale other than 1/sqrt(head_dim)");
+            }
+            if a.q_norm.as_ref().is_some_and(|n| n.gamma.dims()[0] != hd) {
+                return Some("q/k norm over the whole projection");
+            }
+            if m.activation != crate::config::Activation::Silu {
+                return Some("GeGLU");
+            }
+            if l.residual_multiplier != 1.0 {
+                return Some("residual multiplier");
+            }
+            None
+        };
+        if let Some(why) = model.layers.iter().find_map(layer) {
+            return Some(why);
+        }
+        if model.rope_inv_freq.len() * 2 != hd || model.local_rope_inv_freq.is_some() {
+            return Some("partial or per-layer RoPE");
+        }
+        if model.embedding_multiplier != 1.0
+            || model.logits_scaling != 1.0
+            || model.final_logit_softcapping.is_some()
+        {
+            return Some("scaled embeddings or logits");
+        }
+        None
+    }
+
     /// Copies `model`'s weights (LoRA adapters applied) to host memory.
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] for a model the kernels do not cover
+    /// ([`HostWeights::unsupported`]).
     pub fn new(model: &Transformer) -> Result<Self> {
+        if let Some(why) = Self::unsupported(model) {
+            return Err(ModelError::Input(format!(
+                "the host decode kernels do not cover this model ({why}); decode it on the backend"
+            )));
+        }
         let layers = model
             .layers
             .par_iter()
             .map(|l| {
-                let (a, m) = (&l.self_attn, &l.mlp);
+                let a = &l.self_attn;
+                let m = l
+                    .mlp
+                    .dense()
+                    .ok_or_else(|| ModelError::Input("experts".into()))?;
+                let input = l
+                    .input_layernorm
+                    .as_ref()
+                    .ok_or_else(|| ModelError::Input("no input norm".into()))?;
                 Ok(HostLayer {
-                    input_norm: HostNorm::new(&l.input_layernorm)?,
+                    input_norm: HostNorm::new(input)?,
                     qkv: HostMatrix::from_in_out(&[
                         a.q_proj.weight.val(),
                         a.k_proj.weight.val(),
@@ -184,6 +259,11 @@ impl HostWeights {
     /// (the flex and ndarray backends on a CPU with AVX-512).
     pub fn suits(device: &Device) -> bool {
         kernels_available() && host_resident(device)
+    }
+
+    /// [`HostWeights::suits`] the model's device and [`HostWeights::unsupported`] finds nothing.
+    pub fn suits_model(model: &Transformer) -> bool {
+        Self::suits(&model.embed_tokens.weight.device()) && Self::unsupported(model).is_none()
     }
 
     /// The embedding of `token` (`[d]`).

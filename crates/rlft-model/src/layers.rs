@@ -1,6 +1,7 @@
 //! The decoder's building blocks in burn's idiom — `XxxConfig` → `init` → `forward` —
-//! grouped-query attention with RoPE and an optional KV cache, the SwiGLU MLP, and the pre-norm
-//! decoder layer. [`crate::Transformer`] stacks them; the host decode kernels
+//! grouped-query attention with RoPE and an optional KV cache, the gated MLP, the sparse
+//! mixture of experts ([`moe`]), RMSNorm ([`norm`]), and the decoder layer with its norms before,
+//! around or after the sub-layers. [`crate::Transformer`] stacks them; the host decode kernels
 //! ([`crate::HostWeights`]) read the same weights and are tested against these passes.
 //!
 //! Every block is built from a constructor of its projections (`linear(name, d_in, d_out,
@@ -9,11 +10,17 @@
 //! `input_layernorm`): `init` uses burn's initialisers, the loaders read the named tensors and
 //! the seeded initialisation draws them in that order.
 
+pub mod moe;
+pub mod norm;
+
+use crate::config::{Activation, NormPlacement};
 use burn::config::Config;
 use burn::module::Module;
-use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Bool, DType, Device, Tensor};
+pub use moe::{FeedForward, Routing, SparseMoe, SparseMoeConfig};
+pub use norm::{Norm, NormConfig};
 use std::convert::Infallible;
 
 /// One layer's cached keys and values, `[batch, kv_heads, len, head_dim]` each.
@@ -33,12 +40,24 @@ pub struct AttentionConfig {
     /// Biases on the q/k/v projections (Qwen2).
     #[config(default = false)]
     pub bias: bool,
-    /// Per-head RMSNorm on queries and keys (Qwen3).
+    /// RMSNorm on queries and keys before RoPE (Qwen3, Gemma 3: per head; OLMo 2: whole).
     #[config(default = false)]
     pub qk_norm: bool,
+    /// With `qk_norm`: one norm over the whole projection (OLMo 2) instead of one per head.
+    #[config(default = false)]
+    pub qk_norm_whole: bool,
     /// RMSNorm epsilon.
     #[config(default = 1e-6)]
     pub rms_norm_eps: f64,
+    /// Score multiplier; `None`: `1/√head_dim`.
+    pub scale: Option<f64>,
+    /// Score soft-cap `c·tanh(s/c)` (Gemma 2).
+    pub softcap: Option<f64>,
+    /// Sliding window (keys within this many positions, itself included); `None`: causal.
+    pub window: Option<usize>,
+    /// Uses the model's local RoPE table (Gemma 3's sliding layers).
+    #[config(default = false)]
+    pub local_rope: bool,
 }
 
 impl AttentionConfig {
@@ -53,21 +72,30 @@ impl AttentionConfig {
     pub fn try_init_with<E>(
         &self,
         linear: &mut impl FnMut(&str, usize, usize, bool) -> Result<Linear, E>,
-        norm: &mut impl FnMut(&str, usize) -> Result<RmsNorm, E>,
+        norm: &mut impl FnMut(&str, usize) -> Result<Norm, E>,
     ) -> Result<Attention, E> {
         let (d, hd) = (self.d_model, self.head_dim);
         let q = self.num_heads * hd;
         let kv = self.num_kv_heads * hd;
+        let (qn, kn) = if self.qk_norm_whole {
+            (q, kv)
+        } else {
+            (hd, hd)
+        };
         Ok(Attention {
             q_proj: linear("q_proj", d, q, self.bias)?,
             k_proj: linear("k_proj", d, kv, self.bias)?,
             v_proj: linear("v_proj", d, kv, self.bias)?,
             o_proj: linear("o_proj", q, d, false)?,
-            q_norm: self.qk_norm.then(|| norm("q_norm", hd)).transpose()?,
-            k_norm: self.qk_norm.then(|| norm("k_norm", hd)).transpose()?,
+            q_norm: self.qk_norm.then(|| norm("q_norm", qn)).transpose()?,
+            k_norm: self.qk_norm.then(|| norm("k_norm", kn)).transpose()?,
             num_heads: self.num_heads,
             num_kv_heads: self.num_kv_heads,
             head_dim: hd,
+            scale: self.scale.unwrap_or(1.0 / (hd as f64).sqrt()),
+            softcap: self.softcap,
+            window: self.window,
+            local_rope: self.local_rope,
         })
     }
 }
@@ -83,10 +111,11 @@ pub struct Attention {
     pub v_proj: Linear,
     /// Output projection `H·hd → d`.
     pub o_proj: Linear,
-    /// Per-head query RMSNorm (Qwen3).
-    pub q_norm: Option<RmsNorm>,
-    /// Per-head key RMSNorm (Qwen3).
-    pub k_norm: Option<RmsNorm>,
+    /// Query RMSNorm: per head (`[head_dim]`: Qwen3, Gemma 3) or over the whole projection
+    /// (`[H·hd]`: OLMo 2).
+    pub q_norm: Option<Norm>,
+    /// Key RMSNorm, as `q_norm`.
+    pub k_norm: Option<Norm>,
     /// Query heads.
     #[module(skip)]
     pub num_heads: usize,
@@ -96,6 +125,18 @@ pub struct Attention {
     /// Head width.
     #[module(skip)]
     pub head_dim: usize,
+    /// Score multiplier (`1/√head_dim` unless the family says otherwise).
+    #[module(skip)]
+    pub scale: f64,
+    /// Score soft-cap `c·tanh(s/c)`, applied before the mask (Gemma 2).
+    #[module(skip)]
+    pub softcap: Option<f64>,
+    /// Sliding window in positions; the caller's mask must implement it.
+    #[module(skip)]
+    pub window: Option<usize>,
+    /// Rotates with the model's local RoPE table (Gemma 3's sliding layers).
+    #[module(skip)]
+    pub local_rope: bool,
 }
 
 impl Attention {
@@ -104,7 +145,8 @@ impl Attention {
     /// cached ones and attended together.
     ///
     /// # Shapes
-    /// - `x`: `[batch, L, d]`; `cos`, `sin`: `[batch, 1, L, head_dim]`
+    /// - `x`: `[batch, L, d]`; `cos`, `sin`: `[batch, 1, L, r]` for the `r ≤ head_dim` dims
+    ///   that rotate
     /// - `mask`: `[batch, 1, L, past + L]` → `[batch, L, d]`
     pub fn forward(
         &self,
@@ -115,14 +157,22 @@ impl Attention {
     ) -> Tensor<3> {
         let [b, l, _] = x.dims();
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = self.q_proj.forward(x.clone());
-        let k = self.k_proj.forward(x.clone());
+        let mut q = self.q_proj.forward(x.clone());
+        let mut k = self.k_proj.forward(x.clone());
         let v = self.v_proj.forward(x);
+        let whole = self
+            .q_norm
+            .as_ref()
+            .is_some_and(|n| n.gamma.dims()[0] != hd);
+        if whole && let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(q);
+            k = kn.forward(k);
+        }
         let split = |t: Tensor<3>, n: usize| t.reshape([b, l, n, hd]).swap_dims(1, 2);
         let mut q = split(q, h);
         let mut k = split(k, kvh);
         let mut v = split(v, kvh);
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+        if !whole && let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             q = qn.forward(q);
             k = kn.forward(k);
         }
@@ -140,7 +190,10 @@ impl Attention {
         let n = h / kvh;
         let lk = k.dims()[2];
         let q = q.reshape([b, kvh, n * l, hd]);
-        let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hd as f64).sqrt());
+        let mut scores = q.matmul(k.swap_dims(2, 3)) * self.scale;
+        if let Some(c) = self.softcap {
+            scores = scores.div_scalar(c).tanh().mul_scalar(c);
+        }
         // f16 cannot hold -1e9 (it becomes -inf, and a query that sees no key — padding —
         // would then softmax to NaN): its most negative finite value instead.
         let masked = if scores.dtype() == DType::F16 {
@@ -161,22 +214,32 @@ impl Attention {
     }
 }
 
-/// HF's `rotate_half` RoPE: `x·cos + rotate_half(x)·sin`.
+/// HF's `rotate_half` RoPE on the first `r` dims (`r` = the tables' width): `x·cos +
+/// rotate_half(x)·sin`; the dims after `r` pass through (partial rotary).
 fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
     let [_, _, _, hd] = x.dims();
+    let r = cos.dims()[3];
+    if r < hd {
+        let pass = x.clone().narrow(3, r, hd - r);
+        let rot = apply_rope(x.narrow(3, 0, r), cos, sin);
+        return Tensor::cat(vec![rot, pass], 3);
+    }
     let x1 = x.clone().narrow(3, 0, hd / 2);
     let x2 = x.clone().narrow(3, hd / 2, hd / 2);
     let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
     x * cos.clone() + rotated * sin.clone()
 }
 
-/// Settings of the SwiGLU MLP.
+/// Settings of the gated MLP.
 #[derive(Config, Debug)]
 pub struct MlpConfig {
     /// Model width `d`.
     pub d_model: usize,
     /// Inner width.
     pub d_ff: usize,
+    /// The gate's activation.
+    #[config(default = "Activation::Silu")]
+    pub activation: Activation,
 }
 
 impl MlpConfig {
@@ -197,11 +260,12 @@ impl MlpConfig {
             gate_proj: linear("gate_proj", d, f, false)?,
             up_proj: linear("up_proj", d, f, false)?,
             down_proj: linear("down_proj", f, d, false)?,
+            activation: self.activation,
         })
     }
 }
 
-/// SwiGLU feed-forward: `down(silu(gate(x)) · up(x))`.
+/// Gated feed-forward: `down(act(gate(x)) · up(x))` (SwiGLU, or GeGLU in Gemma).
 #[derive(Module, Debug)]
 pub struct Mlp {
     /// Gate projection.
@@ -210,24 +274,49 @@ pub struct Mlp {
     pub up_proj: Linear,
     /// Down projection.
     pub down_proj: Linear,
+    /// The gate's activation.
+    #[module(skip)]
+    pub activation: Activation,
 }
 
 impl Mlp {
     /// # Shapes
-    /// - `x`: `[batch, L, d]` → `[batch, L, d]`
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        self.down_proj
-            .forward(silu(self.gate_proj.forward(x.clone())) * self.up_proj.forward(x))
+    /// - `x`: `[..., d]` → `[..., d]`
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let gate = self.gate_proj.forward(x.clone());
+        let gate = match self.activation {
+            Activation::Silu => silu(gate),
+            Activation::GeluTanh => gelu_tanh(gate),
+        };
+        self.down_proj.forward(gate * self.up_proj.forward(x))
     }
 }
 
-/// Settings of a pre-norm decoder layer.
+/// GELU with the tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+pub fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let inner = (x.clone() + x.clone().powi_scalar(3).mul_scalar(0.044715)).mul_scalar(c);
+    (inner.tanh().add_scalar(1.0) * x).mul_scalar(0.5)
+}
+
+/// Settings of a decoder layer.
 #[derive(Config, Debug)]
 pub struct DecoderLayerConfig {
     /// The attention block.
     pub attention: AttentionConfig,
     /// The MLP's inner width.
     pub d_ff: usize,
+    /// The MLP's activation.
+    #[config(default = "Activation::Silu")]
+    pub activation: Activation,
+    /// A mixture of experts instead of the dense MLP.
+    pub moe: Option<SparseMoeConfig>,
+    /// Where the norms sit.
+    #[config(default = "NormPlacement::Pre")]
+    pub norm_placement: NormPlacement,
+    /// Sub-layer outputs are multiplied by this before the residual add (Granite).
+    #[config(default = 1.0)]
+    pub residual_multiplier: f64,
 }
 
 impl DecoderLayerConfig {
@@ -238,45 +327,88 @@ impl DecoderLayerConfig {
     }
 
     /// A layer from `linear` and `norm` as the blocks take them, with names relative to the
-    /// layer: `self_attn.q_proj` … `mlp.down_proj`, `input_layernorm`,
-    /// `post_attention_layernorm`, `self_attn.q_norm`. Projections are made attention first.
+    /// layer: `self_attn.q_proj` … `mlp.down_proj` (a mixture of experts: `mlp.gate`, then
+    /// `mlp.experts.E.*`), the norms (`input_layernorm`, `post_attention_layernorm`,
+    /// `pre_feedforward_layernorm`, `post_feedforward_layernorm` as the placement has them),
+    /// `self_attn.q_norm`. Projections are made attention first.
     pub fn try_init_with<E>(
         &self,
         linear: &mut impl FnMut(&str, usize, usize, bool) -> Result<Linear, E>,
-        norm: &mut impl FnMut(&str, usize) -> Result<RmsNorm, E>,
+        norm: &mut impl FnMut(&str, usize) -> Result<Norm, E>,
     ) -> Result<DecoderLayer, E> {
         let d = self.attention.d_model;
         let self_attn = self.attention.try_init_with(
             &mut |n, i, o, b| linear(&format!("self_attn.{n}"), i, o, b),
             &mut |n, w| norm(&format!("self_attn.{n}"), w),
         )?;
-        let mlp = MlpConfig::new(d, self.d_ff)
-            .try_init_with(&mut |n, i, o, b| linear(&format!("mlp.{n}"), i, o, b))?;
+        let mut mlp_linear = |n: &str, i, o, b| linear(&format!("mlp.{n}"), i, o, b);
+        let mlp = match &self.moe {
+            Some(moe) => FeedForward::Experts(moe.try_init_with(&mut mlp_linear)?),
+            None => FeedForward::Dense(
+                MlpConfig::new(d, self.d_ff)
+                    .with_activation(self.activation)
+                    .try_init_with(&mut mlp_linear)?,
+            ),
+        };
+        let (input, pre_ff, post_ff) = match self.norm_placement {
+            NormPlacement::Pre => (true, false, false),
+            NormPlacement::Sandwich => (true, true, true),
+            NormPlacement::Post => (false, false, true),
+        };
+        let input_layernorm = input.then(|| norm("input_layernorm", d)).transpose()?;
+        let post_attention_layernorm = norm("post_attention_layernorm", d)?;
+        let pre_ff = pre_ff
+            .then(|| norm("pre_feedforward_layernorm", d))
+            .transpose()?;
+        let post_ff = post_ff
+            .then(|| norm("post_feedforward_layernorm", d))
+            .transpose()?;
         Ok(DecoderLayer {
-            input_layernorm: norm("input_layernorm", d)?,
+            input_layernorm,
             self_attn,
-            post_attention_layernorm: norm("post_attention_layernorm", d)?,
+            post_attention_layernorm,
+            pre_feedforward_layernorm: pre_ff,
+            post_feedforward_layernorm: post_ff,
             mlp,
+            residual_multiplier: self.residual_multiplier,
         })
     }
 }
 
-/// Pre-norm decoder layer.
+/// A decoder layer: attention and a feed-forward block, each added to the residual stream,
+/// with norms before (Llama), around (Gemma) or after (OLMo 2) them.
 #[derive(Module, Debug)]
 pub struct DecoderLayer {
-    /// Norm before attention.
-    pub input_layernorm: RmsNorm,
+    /// Norm before attention (absent when norms come after the sub-layers).
+    pub input_layernorm: Option<Norm>,
     /// Attention.
     pub self_attn: Attention,
-    /// Norm before the MLP.
-    pub post_attention_layernorm: RmsNorm,
-    /// MLP.
-    pub mlp: Mlp,
+    /// Pre-norm layers: the norm before the MLP. Sandwich and post-norm layers: the norm on
+    /// attention's output.
+    pub post_attention_layernorm: Norm,
+    /// Sandwich layers: the norm before the MLP.
+    pub pre_feedforward_layernorm: Option<Norm>,
+    /// Sandwich and post-norm layers: the norm on the MLP's output.
+    pub post_feedforward_layernorm: Option<Norm>,
+    /// The feed-forward block.
+    pub mlp: FeedForward,
+    /// Sub-layer outputs are multiplied by this before the residual add (Granite).
+    #[module(skip)]
+    pub residual_multiplier: f64,
 }
 
 impl DecoderLayer {
-    /// `x + attn(norm(x))`, then `+ mlp(norm(·))`; arguments as [`Attention::forward`] takes
-    /// them.
+    /// Where this layer's norms sit.
+    pub fn norm_placement(&self) -> NormPlacement {
+        match (&self.input_layernorm, &self.pre_feedforward_layernorm) {
+            (None, _) => NormPlacement::Post,
+            (Some(_), Some(_)) => NormPlacement::Sandwich,
+            (Some(_), None) => NormPlacement::Pre,
+        }
+    }
+
+    /// `x + attn(·)`, then `+ mlp(·)`, with the norms where [`DecoderLayer::norm_placement`]
+    /// puts them; arguments as [`Attention::forward`] takes them.
     ///
     /// # Shapes
     /// - `x`: `[batch, L, d]` → `[batch, L, d]`
@@ -287,10 +419,51 @@ impl DecoderLayer {
         mask: &Tensor<4, Bool>,
         slot: Option<&mut KvSlot>,
     ) -> Tensor<3> {
-        let h = self.input_layernorm.forward(x.clone());
-        let x = x + self.self_attn.forward(h, rope, mask, slot);
-        let h = self.post_attention_layernorm.forward(x.clone());
-        x + self.mlp.forward(h)
+        self.forward_ff(x, rope, mask, slot, |ff, h| ff.forward(h))
+    }
+
+    /// [`DecoderLayer::forward`] with the feed-forward block run by `ff` (a caller that
+    /// records or replays a mixture of experts' routing).
+    pub fn forward_ff(
+        &self,
+        x: Tensor<3>,
+        rope: (&Tensor<4>, &Tensor<4>),
+        mask: &Tensor<4, Bool>,
+        slot: Option<&mut KvSlot>,
+        ff: impl FnOnce(&FeedForward, Tensor<3>) -> Tensor<3>,
+    ) -> Tensor<3> {
+        let scaled = |t: Tensor<3>| {
+            if self.residual_multiplier == 1.0 {
+                t
+            } else {
+                t.mul_scalar(self.residual_multiplier)
+            }
+        };
+        let attn_in = match &self.input_layernorm {
+            Some(n) => n.forward(x.clone()),
+            None => x.clone(),
+        };
+        let a = self.self_attn.forward(attn_in, rope, mask, slot);
+        match self.norm_placement() {
+            NormPlacement::Pre => {
+                let h = x + scaled(a);
+                let m = ff(&self.mlp, self.post_attention_layernorm.forward(h.clone()));
+                h.clone() + scaled(m)
+            }
+            placement => {
+                let h = x + scaled(self.post_attention_layernorm.forward(a));
+                let m_in = match (&self.pre_feedforward_layernorm, placement) {
+                    (Some(n), NormPlacement::Sandwich) => n.forward(h.clone()),
+                    _ => h.clone(),
+                };
+                let m = ff(&self.mlp, m_in);
+                let m = match &self.post_feedforward_layernorm {
+                    Some(n) => n.forward(m),
+                    None => m,
+                };
+                h + scaled(m)
+            }
+        }
     }
 }
 
@@ -300,8 +473,8 @@ fn default_linear(
     move |_, d_in, d_out, bias| Ok(LinearConfig::new(d_in, d_out).with_bias(bias).init(device))
 }
 
-fn default_norm(device: &Device) -> impl FnMut(&str, usize) -> Result<RmsNorm, Infallible> + '_ {
-    move |_, width| Ok(RmsNormConfig::new(width).init(device))
+fn default_norm(device: &Device) -> impl FnMut(&str, usize) -> Result<Norm, Infallible> + '_ {
+    move |_, width| Ok(NormConfig::new(width).init(device))
 }
 
 #[cfg(test)]
@@ -325,7 +498,10 @@ mod tests {
         let cfg = DecoderLayerConfig::new(AttentionConfig::new(16, 4, 2, 4).with_qk_norm(true), 32);
         let layer = cfg.init(&device);
         assert_eq!(layer.self_attn.k_proj.weight.dims(), [16, 8]);
-        assert_eq!(layer.mlp.down_proj.weight.dims(), [32, 16]);
+        assert_eq!(
+            layer.mlp.dense().expect("dense").down_proj.weight.dims(),
+            [32, 16]
+        );
         let (b, l) = (2, 5);
         let x = Tensor::<1, Int>::arange(0..(b * l * 16) as i64, &device)
             .float()
@@ -351,9 +527,12 @@ mod tests {
                 o_proj: zero(layer.self_attn.o_proj),
                 ..layer.self_attn
             },
-            mlp: Mlp {
-                down_proj: zero(layer.mlp.down_proj),
-                ..layer.mlp
+            mlp: match layer.mlp {
+                FeedForward::Dense(m) => FeedForward::Dense(Mlp {
+                    down_proj: zero(m.down_proj),
+                    ..m
+                }),
+                other => other,
             },
             ..layer
         };

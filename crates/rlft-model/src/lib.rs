@@ -27,12 +27,18 @@ mod rope;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{Llama3RopeScaling, TransformerConfig};
+pub use config::{
+    Activation, LayerType, Llama3RopeScaling, MoeConfig, NormPlacement, TransformerConfig,
+    WeightLayout,
+};
 pub use error::{ModelError, Result};
 pub use export::{GgufFileType, LORA_TARGETS, LoraConfig};
 pub use gguf::GgufFile;
 pub use host::{DECODE_ROWS, HostKvCache, HostWeights};
-pub use layers::{AttentionConfig, DecoderLayerConfig, MlpConfig};
+pub use layers::{
+    AttentionConfig, DecoderLayerConfig, FeedForward, MlpConfig, Norm, NormConfig, Routing,
+    SparseMoe, SparseMoeConfig,
+};
 pub use load::Pretrained;
 pub use model::{ForwardInput, KvCache, Transformer, ValueModel};
 pub use rope::LLAMA3_ORIGINAL_CONTEXT;

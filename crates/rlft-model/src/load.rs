@@ -4,12 +4,14 @@
 
 pub(crate) mod gguf;
 mod init;
+pub(crate) mod names;
 
 use crate::gguf::GgufFile;
+use crate::layers::Norm;
 use crate::model::Transformer;
 use crate::{ModelError, Result, TransformerConfig};
 use burn::module::Param;
-use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::nn::Linear;
 use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::{BTreeMap, BTreeSet};
@@ -162,6 +164,7 @@ impl WeightSource for WeightFiles {
 
 /// Builds tensors on one device in one dtype, recording which names were used.
 struct Builder<'a> {
+    cfg: &'a TransformerConfig,
     files: &'a dyn WeightSource,
     device: &'a Device,
     dtype: DType,
@@ -182,8 +185,15 @@ impl Builder<'_> {
     fn linear(&mut self, prefix: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear> {
         // Transposed on the host: a transposed *view* would be copied to contiguous memory by
         // every forward pass (a third of decode time, measured with perf).
-        let name = format!("{prefix}.weight");
-        let hf = self.files.get(&name, &[d_out, d_in])?;
+        let (disk, rows) = names::on_disk(self.cfg, prefix);
+        let name = format!("{disk}.weight");
+        let hf = match &rows {
+            None => self.files.get(&name, &[d_out, d_in])?,
+            Some(r) => {
+                let all = self.files.get(&name, &[r.total, d_in])?;
+                all[r.start * d_in..(r.start + d_out) * d_in].to_vec()
+            }
+        };
         self.used.insert(name);
         let mut t = vec![0.0f32; hf.len()];
         for (o, row) in hf.chunks_exact(d_in).enumerate() {
@@ -206,10 +216,11 @@ impl Builder<'_> {
         })
     }
 
-    fn norm(&mut self, name: &str, d: usize, eps: f64) -> Result<RmsNorm> {
-        Ok(RmsNorm {
+    fn norm(&mut self, name: &str, d: usize) -> Result<Norm> {
+        Ok(Norm {
             gamma: Param::from_tensor(self.tensor(name, [d])?),
-            epsilon: eps,
+            epsilon: self.cfg.rms_norm_eps,
+            unit_offset: self.cfg.norm_unit_offset,
         })
     }
 }
@@ -239,28 +250,28 @@ fn build(
     let dir = files.root();
     check_sizes(cfg, dir)?;
     let mut b = Builder {
+        cfg,
         files,
         device,
         dtype,
         used: BTreeSet::new(),
     };
-    let (d, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
+    let d = cfg.hidden_size;
     let embed = b.tensor("model.embed_tokens.weight", [cfg.vocab_size, d])?;
     // Not `with_capacity(num_layers)`: the count is untrusted until its tensors are found.
     let mut layers = Vec::new();
-    let layer = cfg.layer_config();
     for i in 0..cfg.num_layers {
         let p = format!("model.layers.{i}");
         let b = std::cell::RefCell::new(&mut b);
-        layers.push(layer.try_init_with(
+        layers.push(cfg.layer_config(i).try_init_with(
             &mut |n, d_in, d_out, bias| {
                 b.borrow_mut()
                     .linear(&format!("{p}.{n}"), d_in, d_out, bias)
             },
-            &mut |n, w| b.borrow_mut().norm(&format!("{p}.{n}.weight"), w, eps),
+            &mut |n, w| b.borrow_mut().norm(&format!("{p}.{n}.weight"), w),
         )?);
     }
-    let norm = b.norm("model.norm.weight", d, eps)?;
+    let norm = b.norm("model.norm.weight", d)?;
     let lm_head = if cfg.tie_word_embeddings {
         None
     } else {
@@ -280,24 +291,13 @@ fn build(
             names: unused,
         });
     }
-    Ok(Transformer {
-        embed_tokens: Embedding {
-            weight: Param::from_tensor(embed),
-        },
-        layers,
-        norm,
-        lm_head,
-        num_heads: cfg.num_heads,
-        num_kv_heads: cfg.num_kv_heads,
-        head_dim: hd,
-        rope_inv_freq: cfg.inv_freq(),
-        // Weights loaded in a half type compute in it.
-        compute_dtype: match dtype {
-            DType::BF16 => FloatDType::BF16,
-            DType::F16 => FloatDType::F16,
-            _ => FloatDType::F32,
-        },
-    })
+    // Weights loaded in a half type compute in it.
+    let compute = match dtype {
+        DType::BF16 => FloatDType::BF16,
+        DType::F16 => FloatDType::F16,
+        _ => FloatDType::F32,
+    };
+    Ok(cfg.assemble(embed, layers, norm, lm_head, compute))
 }
 
 /// A tokenizer whose ids run past the embedding would index outside it on the first such token.

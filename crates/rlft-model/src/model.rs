@@ -1,11 +1,13 @@
-//! The decoder-only transformer (Llama family): RMSNorm, RoPE, grouped-query attention, SwiGLU.
+//! The decoder-only transformer of every supported family: RMSNorm, RoPE (per layer type,
+//! partial), grouped-query attention (sliding windows, soft-caps), gated MLPs or mixtures of
+//! experts, and the families' embedding and logit scales.
 
-pub use crate::layers::{Attention, DecoderLayer, Mlp};
+pub use crate::layers::{Attention, DecoderLayer, FeedForward, Mlp, Norm, Routing, SparseMoe};
 use burn::module::{Module, ModuleMapper, Param};
-use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::nn::{Embedding, Linear};
 use burn::tensor::{Bool, DType, FloatDType, Int, Tensor};
 
-/// Llama-family causal language model.
+/// A decoder-only causal language model.
 #[derive(Module, Debug)]
 pub struct Transformer {
     /// Token embedding `[vocab, d]`.
@@ -13,7 +15,7 @@ pub struct Transformer {
     /// Decoder layers.
     pub layers: Vec<DecoderLayer>,
     /// Final norm.
-    pub norm: RmsNorm,
+    pub norm: Norm,
     /// Output head (None: tied to the embedding).
     pub lm_head: Option<Linear>,
     /// Query heads.
@@ -22,8 +24,18 @@ pub struct Transformer {
     pub num_kv_heads: usize,
     /// Head width.
     pub head_dim: usize,
-    /// RoPE inverse frequencies (`head_dim / 2` values, Llama 3 scaling applied).
+    /// RoPE inverse frequencies (`r / 2` values for the `r` rotating dims of a head, scaling
+    /// applied).
     pub rope_inv_freq: Vec<f64>,
+    /// RoPE inverse frequencies of layers with [`Attention::local_rope`] (Gemma 3's sliding
+    /// layers).
+    pub local_rope_inv_freq: Option<Vec<f64>>,
+    /// Input embeddings are multiplied by this (Gemma: √d; Granite).
+    pub embedding_multiplier: f64,
+    /// Logits `z ← c·tanh(z/c)` (Gemma 2/3).
+    pub final_logit_softcapping: Option<f64>,
+    /// Logits are divided by this (Granite).
+    pub logits_scaling: f64,
     /// The float type the forward pass computes in (f32 unless set with
     /// [`Transformer::with_compute_dtype`]). Weights in another type (f32 master weights) are
     /// cast at the start of each pass, inside the autodiff graph, so gradients reach them in
@@ -159,8 +171,21 @@ impl Transformer {
         self.logits(h)
     }
 
-    /// Logits in f32 from hidden states in the compute type (the head's weights cast to it).
+    /// Logits in f32 from hidden states in the compute type (the head's weights cast to it),
+    /// with the family's scale and soft-cap.
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
+        let mut logits = self.raw_logits(h);
+        if self.logits_scaling != 1.0 {
+            logits = logits.div_scalar(self.logits_scaling);
+        }
+        if let Some(c) = self.final_logit_softcapping {
+            logits = logits.div_scalar(c).tanh().mul_scalar(c);
+        }
+        logits
+    }
+
+    /// The output head's product alone.
+    fn raw_logits(&self, h: Tensor<3>) -> Tensor<3> {
         let dtype = self.compute_dtype;
         let h = h.cast(dtype);
         let logits = match &self.lm_head {
@@ -188,12 +213,57 @@ impl Transformer {
     }
 
     fn hidden_states_cached(&self, input: &ForwardInput, cache: Option<&mut KvCache>) -> Tensor<3> {
+        self.hidden_states_full(input, cache, None)
+    }
+
+    /// Whether any layer is a mixture of experts.
+    pub fn is_moe(&self) -> bool {
+        self.layers.iter().any(|l| l.mlp.experts().is_some())
+    }
+
+    /// Final hidden states `[batch, L, d]` and the routing of each sparse layer (in layer
+    /// order: one [`Routing`] over the pass's `batch·L` tokens). With `replay` (one routing per
+    /// sparse layer), every token goes to the recorded experts, weighted by the current
+    /// router's probabilities of them (router replay); the routing returned is then the
+    /// router's own top-k, to compare with the record.
+    ///
+    /// # Panics
+    /// When `replay` does not hold one routing of `batch·L` tokens per sparse layer.
+    pub fn hidden_states_routed(
+        &self,
+        input: &ForwardInput,
+        replay: Option<&[Routing]>,
+    ) -> (Tensor<3>, Vec<Routing>) {
+        let mut routes = Routes {
+            replay,
+            own: Vec::new(),
+        };
+        let h = self.hidden_states_full(input, None, Some(&mut routes));
+        (h, routes.own)
+    }
+
+    /// Logits `[batch, L, vocab]` and the routing, as [`Transformer::hidden_states_routed`].
+    pub fn forward_routed(
+        &self,
+        input: &ForwardInput,
+        replay: Option<&[Routing]>,
+    ) -> (Tensor<3>, Vec<Routing>) {
+        let (h, routing) = self.hidden_states_routed(input, replay);
+        (self.logits(h), routing)
+    }
+
+    fn hidden_states_full(
+        &self,
+        input: &ForwardInput,
+        cache: Option<&mut KvCache>,
+        routes: Option<&mut Routes<'_>>,
+    ) -> Tensor<3> {
         if self.weights_in_compute_dtype() {
-            self.hidden_states_in_place(input, cache)
+            self.hidden_states_in_place(input, cache, routes)
         } else {
             self.clone()
                 .cast_to_compute_dtype()
-                .hidden_states_in_place(input, cache)
+                .hidden_states_in_place(input, cache, routes)
         }
     }
 
@@ -202,11 +272,19 @@ impl Transformer {
         &self,
         input: &ForwardInput,
         mut cache: Option<&mut KvCache>,
+        mut routes: Option<&mut Routes<'_>>,
     ) -> Tensor<3> {
         let [b, l] = input.input_ids.dims();
         let device = input.input_ids.device();
         let mut x = self.embed_tokens.forward(input.input_ids.clone());
-        let (cos, sin) = rope_tables(&self.rope_inv_freq, &input.position_ids, x.dtype());
+        if self.embedding_multiplier != 1.0 {
+            x = x.mul_scalar(self.embedding_multiplier);
+        }
+        let global = rope_tables(&self.rope_inv_freq, &input.position_ids, x.dtype());
+        let local = self
+            .local_rope_inv_freq
+            .as_ref()
+            .map(|f| rope_tables(f, &input.position_ids, x.dtype()));
         let past = cache.as_ref().map_or(0, |c| c.len);
         let total = past + l;
         // Key padding over all keys so far (true = masked), `[b, 1, 1, total]`.
@@ -239,16 +317,76 @@ impl Transformer {
             }
             mask = mask.bool_or(other.unsqueeze_dim::<4>(1));
         }
+        // Sliding layers: keys at most `w - 1` positions back in the query's own sequence.
+        let key_positions = match cache.as_mut().and_then(|c| c.positions.take()) {
+            Some(old) => Tensor::cat(vec![old, input.position_ids.clone()], 1),
+            None => input.position_ids.clone(),
+        };
+        let mut windows: Vec<(usize, Tensor<4, Bool>)> = Vec::new();
+        for w in self.layers.iter().filter_map(|l| l.self_attn.window) {
+            if windows.iter().all(|(v, _)| *v != w) {
+                let q = input.position_ids.clone().unsqueeze_dim::<3>(2);
+                let k = key_positions.clone().unsqueeze_dim::<3>(1);
+                let far = (q.expand([b, l, total]) - k.expand([b, l, total]))
+                    .greater_equal_elem(w as i64);
+                windows.push((w, mask.clone().bool_or(far.unsqueeze_dim::<4>(1))));
+            }
+        }
         if let Some(c) = cache.as_mut() {
             c.mask = Some(key_mask);
+            c.positions = Some(key_positions);
             c.len = total;
             c.layers.resize_with(self.layers.len(), || None);
         }
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_mut().and_then(|c| c.layers.get_mut(i));
-            x = layer.forward(x, (&cos, &sin), &mask, slot);
+            let attn = &layer.self_attn;
+            let (cos, sin) = match (&local, attn.local_rope) {
+                (Some(t), true) => t,
+                _ => &global,
+            };
+            let mask = match attn.window {
+                Some(w) => windows
+                    .iter()
+                    .find(|(v, _)| *v == w)
+                    .map_or(&mask, |(_, m)| m),
+                None => &mask,
+            };
+            x = match (&layer.mlp, routes.as_deref_mut()) {
+                (FeedForward::Experts(_), Some(r)) => {
+                    layer.forward_ff(x, (cos, sin), mask, slot, |ff, h| r.run(ff, h))
+                }
+                _ => layer.forward(x, (cos, sin), mask, slot),
+            };
         }
         self.norm.forward(x)
+    }
+}
+
+/// Routing records and replays of one pass ([`Transformer::hidden_states_routed`]).
+struct Routes<'a> {
+    replay: Option<&'a [Routing]>,
+    own: Vec<Routing>,
+}
+
+impl Routes<'_> {
+    /// Runs a sparse layer's block, replaying or recording its routing.
+    fn run(&mut self, ff: &FeedForward, h: Tensor<3>) -> Tensor<3> {
+        let FeedForward::Experts(moe) = ff else {
+            return ff.forward(h);
+        };
+        let layer = self.own.len();
+        let (y, own) = match self.replay {
+            Some(replay) => {
+                let forced = replay
+                    .get(layer)
+                    .expect("router replay: one recorded routing per sparse layer");
+                moe.forward_with(h, forced)
+            }
+            None => moe.forward_routed(h),
+        };
+        self.own.push(own);
+        y
     }
 }
 
@@ -260,6 +398,8 @@ pub struct KvCache {
     pub(crate) layers: Vec<crate::layers::KvSlot>,
     /// `1` for real keys, `0` for padding, `[batch, len]`.
     pub(crate) mask: Option<Tensor<2, Int>>,
+    /// Each key's position in its sequence, `[batch, len]` (for sliding windows).
+    pub(crate) positions: Option<Tensor<2, Int>>,
 }
 
 impl KvCache {
@@ -294,6 +434,7 @@ impl KvCache {
             &device,
         );
         self.mask = Some(mask.select(0, idx.clone()));
+        self.positions = self.positions.take().map(|p| p.select(0, idx.clone()));
         for (k, v) in self.layers.iter_mut().flatten() {
             *k = k.clone().select(0, idx.clone());
             *v = v.clone().select(0, idx.clone());

@@ -317,7 +317,7 @@ impl<'a> Sampler<'a> {
                 && let Some(u) = updates.as_mut()
                 && let Some(w) = (u.poll)()
             {
-                let host = if HostWeights::suits(&device) {
+                let host = if HostWeights::suits_model(&w.model) {
                     Some(HostWeights::new(&w.model).map_err(model_err)?)
                 } else {
                     None
@@ -496,8 +496,7 @@ impl<'a> Sampler<'a> {
         if let Some(h) = self.host.get() {
             return Ok(h.as_ref());
         }
-        let device = self.model.embed_tokens.weight.device();
-        let made = if HostWeights::suits(&device) {
+        let made = if HostWeights::suits_model(self.model) {
             Some(HostWeights::new(self.model).map_err(|e| RolloutError::Input(e.to_string()))?)
         } else {
             None

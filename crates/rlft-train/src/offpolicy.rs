@@ -64,6 +64,8 @@ impl OffPolicy {
 pub struct StepDiagnostics {
     sums: BTreeMap<String, f64>,
     tokens: f64,
+    /// The largest |log π_train − log μ| over valid tokens.
+    max_abs_log_ratio: f64,
     positions: PositionQuantiles,
     /// Seconds spent correcting and measuring.
     pub correction_secs: f64,
@@ -93,13 +95,19 @@ impl StepDiagnostics {
         }
         self.tokens += tokens;
         let log_ratio: Vec<f64> = train.iter().zip(&behaviour).map(|(t, b)| t - b).collect();
+        for (r, m) in log_ratio.iter().zip(&mask) {
+            if *m > 0.5 {
+                self.max_abs_log_ratio = self.max_abs_log_ratio.max(r.abs());
+            }
+        }
         self.positions.add(&log_ratio, &mask, dims);
         self.correction_secs += t0.elapsed().as_secs_f64();
         Ok(out)
     }
 
-    /// `offpolicy/<key>` (token-weighted means over the step), the position quantiles
-    /// `offpolicy/pos/...`, `time/correction_s` and `time/prox_s`.
+    /// `offpolicy/<key>` (token-weighted means over the step), `offpolicy/max_abs_log_ratio`
+    /// (the largest per-token |log π − log μ|), the position quantiles `offpolicy/pos/...`,
+    /// `time/correction_s` and `time/prox_s`.
     pub fn metrics(&self) -> BTreeMap<String, f64> {
         let t0 = Instant::now();
         let mut m = BTreeMap::new();
@@ -107,6 +115,7 @@ impl StepDiagnostics {
             for (k, v) in &self.sums {
                 m.insert(format!("offpolicy/{k}"), v / self.tokens);
             }
+            m.insert("offpolicy/max_abs_log_ratio".into(), self.max_abs_log_ratio);
         }
         for (k, v) in self.positions.metrics() {
             m.insert(format!("offpolicy/{k}"), v);
@@ -185,6 +194,7 @@ mod tests {
         let m = d.metrics();
         let kl = m["offpolicy/kl"];
         assert!((kl - (-0.2f32 as f64) / 4.0).abs() < 1e-7, "{kl}");
+        assert_eq!(m["offpolicy/max_abs_log_ratio"], 0.2f32 as f64);
         assert!(m.contains_key("offpolicy/rollout_is_mean"));
         assert!(m.contains_key("offpolicy/pos/cum/1-8/p50"));
         assert!(m.contains_key("time/correction_s") && !m.contains_key("time/prox_s"));

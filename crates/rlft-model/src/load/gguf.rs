@@ -144,6 +144,7 @@ impl TransformerConfig {
             attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
             qk_norm: file.tensors.contains_key("blk.0.attn_q_norm.weight"),
             max_position_embeddings: opt_int("context_length").map_or(4096, |v| v as usize),
+            ..TransformerConfig::new(vocab, d, 1, 1, heads, kv, head_dim)
         };
         cfg.rope_scaling = gguf_scaling(file, arch, &cfg)?;
         Ok(cfg)

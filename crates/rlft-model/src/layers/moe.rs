@@ -1,0 +1,296 @@
+//! The sparse mixture-of-experts block of Qwen3-MoE and Mixtral: a linear router scores every
+//! expert, each token goes to its top-k experts, and their outputs are summed with the routing
+//! weights. Experts compute only the tokens routed to them.
+
+use super::{Mlp, MlpConfig};
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig};
+use burn::tensor::activation::softmax;
+use burn::tensor::{Device, FloatDType, IndexingUpdateOp, Int, Tensor, TensorData};
+use std::convert::Infallible;
+
+/// Settings of a sparse MoE block.
+#[derive(Config, Debug)]
+pub struct SparseMoeConfig {
+    /// Model width `d`.
+    pub d_model: usize,
+    /// Inner width of each expert.
+    pub d_expert: usize,
+    /// Number of experts `E`.
+    pub num_experts: usize,
+    /// Experts per token `k`.
+    pub top_k: usize,
+    /// Renormalise the k routing weights to sum to 1.
+    #[config(default = true)]
+    pub norm_topk_prob: bool,
+}
+
+impl SparseMoeConfig {
+    /// A block with burn's default initialisers.
+    pub fn init(&self, device: &Device) -> SparseMoe {
+        let Ok(m) = self.try_init_with(&mut |_, i, o, b| {
+            Ok::<_, Infallible>(LinearConfig::new(i, o).with_bias(b).init(device))
+        });
+        m
+    }
+
+    /// A block from `linear(name, d_in, d_out, bias)`: the router `gate` first, then
+    /// `experts.E.gate_proj`, `experts.E.up_proj`, `experts.E.down_proj` for each expert in
+    /// order (the Qwen3-MoE names; loaders map them to their family's).
+    pub fn try_init_with<E>(
+        &self,
+        linear: &mut impl FnMut(&str, usize, usize, bool) -> Result<Linear, E>,
+    ) -> Result<SparseMoe, E> {
+        let gate = linear("gate", self.d_model, self.num_experts, false)?;
+        let mut experts = Vec::new();
+        for e in 0..self.num_experts {
+            experts.push(
+                MlpConfig::new(self.d_model, self.d_expert).try_init_with(&mut |n, i, o, b| {
+                    linear(&format!("experts.{e}.{n}"), i, o, b)
+                })?,
+            );
+        }
+        Ok(SparseMoe {
+            gate,
+            experts,
+            top_k: self.top_k,
+            norm_topk_prob: self.norm_topk_prob,
+        })
+    }
+}
+
+/// Which experts each token of a forward pass went to: `ids[t·k + j]` is token `t`'s `j`-th
+/// expert, in descending router probability.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Routing {
+    /// Experts per token.
+    pub k: usize,
+    /// `n·k` expert ids.
+    pub ids: Vec<u32>,
+}
+
+/// A sparse MoE feed-forward block.
+#[derive(Module, Debug)]
+pub struct SparseMoe {
+    /// Router `d → E` (no bias).
+    pub gate: Linear,
+    /// The experts (SwiGLU MLPs).
+    pub experts: Vec<Mlp>,
+    /// Experts per token.
+    #[module(skip)]
+    pub top_k: usize,
+    /// Renormalise the chosen routing weights.
+    #[module(skip)]
+    pub norm_topk_prob: bool,
+}
+
+impl SparseMoe {
+    /// Router probabilities in f32, softmax over all experts.
+    ///
+    /// # Shapes
+    /// - `x`: `[n, d]` → `[n, E]`
+    pub fn router_probs(&self, x: Tensor<2>) -> Tensor<2> {
+        softmax(self.gate.forward(x).cast(FloatDType::F32), 1)
+    }
+
+    /// Each token's top-k experts by router probability (ties: the lower id first, as
+    /// `torch.topk` returns them for distinct values).
+    pub fn top_k_of(&self, probs: &Tensor<2>) -> Routing {
+        let [n, e] = probs.dims();
+        let p: Vec<f32> = probs
+            .clone()
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .unwrap_or_else(|_| vec![0.0; n * e]);
+        let k = self.top_k.min(e);
+        let mut ids = Vec::with_capacity(n * k);
+        let mut order: Vec<u32> = Vec::with_capacity(e);
+        for row in p.chunks_exact(e) {
+            order.clear();
+            order.extend(0..e as u32);
+            order.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
+            ids.extend_from_slice(&order[..k]);
+        }
+        Routing { k, ids }
+    }
+
+    /// The block's output, routing each token to its own top-k experts; also returns the
+    /// routing.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, L, d]` → `[batch, L, d]`
+    pub fn forward_routed(&self, x: Tensor<3>) -> (Tensor<3>, Routing) {
+        let [b, l, d] = x.dims();
+        let rows = x.reshape([b * l, d]);
+        let probs = self.router_probs(rows.clone());
+        let routing = self.top_k_of(&probs);
+        let y = self.combine(rows, probs, &routing);
+        (y.reshape([b, l, d]), routing)
+    }
+
+    /// The block's output with the experts given by `routing` (router replay): the routing
+    /// weights are the current router's probabilities of those experts (renormalised when
+    /// configured), so the router still gets a gradient. Also returns the router's own top-k.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, L, d]` → `[batch, L, d]`; `routing` covers `batch·L` tokens.
+    ///
+    /// # Panics
+    /// When `routing` does not cover `batch·L` tokens or names an expert that does not exist.
+    pub fn forward_with(&self, x: Tensor<3>, routing: &Routing) -> (Tensor<3>, Routing) {
+        let [b, l, d] = x.dims();
+        assert!(
+            routing.ids.len() == b * l * routing.k
+                && routing
+                    .ids
+                    .iter()
+                    .all(|&e| (e as usize) < self.experts.len()),
+            "replayed routing covers {} slots of k = {} for {} tokens and {} experts",
+            routing.ids.len(),
+            routing.k,
+            b * l,
+            self.experts.len()
+        );
+        let rows = x.reshape([b * l, d]);
+        let probs = self.router_probs(rows.clone());
+        let own = self.top_k_of(&probs);
+        (self.combine(rows, probs, routing).reshape([b, l, d]), own)
+    }
+
+    /// `Σ_j w_tj · expert_{id_tj}(x_t)` with `w` gathered from `probs` at the routed ids.
+    fn combine(&self, rows: Tensor<2>, probs: Tensor<2>, routing: &Routing) -> Tensor<2> {
+        let n = rows.dims()[0];
+        let k = routing.k;
+        let device = rows.device();
+        let idx = Tensor::<2, Int>::from_data(
+            TensorData::new(
+                routing.ids.iter().map(|&i| i as i64).collect::<Vec<_>>(),
+                [n, k],
+            ),
+            &device,
+        );
+        let mut w = probs.gather(1, idx);
+        if self.norm_topk_prob {
+            let sum = w.clone().sum_dim(1);
+            w = w / sum;
+        }
+        let w = w.cast(rows.dtype()).reshape([n * k]);
+        let mut out = rows.zeros_like();
+        for (e, expert) in self.experts.iter().enumerate() {
+            let slots: Vec<i64> = routing
+                .ids
+                .iter()
+                .enumerate()
+                .filter(|(_, id)| **id as usize == e)
+                .map(|(s, _)| s as i64)
+                .collect();
+            if slots.is_empty() {
+                continue;
+            }
+            let m = slots.len();
+            let tokens: Vec<i64> = slots.iter().map(|s| s / k as i64).collect();
+            let tok = Tensor::<1, Int>::from_data(TensorData::new(tokens, [m]), &device);
+            let slot = Tensor::<1, Int>::from_data(TensorData::new(slots, [m]), &device);
+            let y = expert.forward(rows.clone().select(0, tok.clone()));
+            let y = y * w.clone().select(0, slot).reshape([m, 1]);
+            out = out.select_assign(0, tok, y, IndexingUpdateOp::Add);
+        }
+        out
+    }
+}
+
+/// A layer's feed-forward block: one dense MLP or a mixture of experts.
+// One per layer: the variants' sizes do not matter, and burn's derive takes the module itself.
+#[allow(clippy::large_enum_variant)]
+#[derive(Module, Debug)]
+pub enum FeedForward {
+    /// A gated MLP.
+    Dense(Mlp),
+    /// A sparse mixture of experts.
+    Experts(SparseMoe),
+}
+
+impl FeedForward {
+    /// The dense MLP, if this block is one.
+    pub fn dense(&self) -> Option<&Mlp> {
+        match self {
+            Self::Dense(m) => Some(m),
+            Self::Experts(_) => None,
+        }
+    }
+
+    /// The mixture of experts, if this block is one.
+    pub fn experts(&self) -> Option<&SparseMoe> {
+        match self {
+            Self::Experts(m) => Some(m),
+            Self::Dense(_) => None,
+        }
+    }
+
+    /// # Shapes
+    /// - `x`: `[batch, L, d]` → `[batch, L, d]`
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        match self {
+            Self::Dense(m) => m.forward(x),
+            Self::Experts(m) => m.forward_routed(x).0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Routing every token to all experts with unnormalised weights is the dense
+    /// probability-weighted sum; the router gets a gradient through the weights.
+    #[test]
+    fn top_e_routing_is_the_probability_weighted_sum() {
+        let device = Device::flex();
+        let moe = SparseMoeConfig::new(8, 6, 3, 3)
+            .with_norm_topk_prob(false)
+            .init(&device);
+        let x = Tensor::<1, Int>::arange(0..40, &device)
+            .float()
+            .reshape([1, 5, 8])
+            .mul_scalar(0.07)
+            .sin();
+        let (y, routing) = moe.forward_routed(x.clone());
+        assert_eq!(routing.ids.len(), 15);
+        let rows = x.clone().reshape([5, 8]);
+        let probs = moe.router_probs(rows.clone());
+        let mut want = rows.zeros_like();
+        for (e, expert) in moe.experts.iter().enumerate() {
+            let p = probs.clone().narrow(1, e, 1);
+            want = want + expert.forward(rows.clone()) * p;
+        }
+        let diff = (y.reshape([5, 8]) - want).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-6, "{diff}");
+    }
+
+    #[test]
+    fn the_router_gets_a_gradient_under_forced_routing() {
+        let device = Device::flex().autodiff();
+        let moe = SparseMoeConfig::new(8, 6, 4, 2).init(&device);
+        let x = Tensor::<1, Int>::arange(0..24, &device)
+            .float()
+            .reshape([1, 3, 8])
+            .mul_scalar(0.1)
+            .cos();
+        let routing = Routing {
+            k: 2,
+            ids: vec![0, 1, 2, 3, 3, 0],
+        };
+        let (y, _) = moe.forward_with(x, &routing);
+        let grads = y.square().sum().backward();
+        let g = moe.gate.weight.grad(&grads).expect("router gradient");
+        assert!(g.abs().sum().into_scalar::<f32>() > 0.0);
+        let g = moe.experts[1]
+            .up_proj
+            .weight
+            .grad(&grads)
+            .expect("expert 1 gradient");
+        assert!(g.abs().sum().into_scalar::<f32>() > 0.0);
+    }
+}
