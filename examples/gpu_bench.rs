@@ -152,6 +152,7 @@ fn main() -> Result<()> {
                     behaviour_logprobs: c.logprobs,
                     filter_log_mass: c.log_kept_mass.iter().map(|&m| f64::from(m)).sum(),
                     kept_ids: c.kept_ids,
+                    routing: c.routing,
                     response_ids: c.tokens,
                     version: step as u64,
                     finish_reason: FinishReason::Length,

@@ -37,7 +37,7 @@ pub use gguf::GgufFile;
 pub use host::{DECODE_ROWS, HostKvCache, HostWeights};
 pub use layers::{
     AttentionConfig, DecoderLayerConfig, FeedForward, MlpConfig, Norm, NormConfig, Routing,
-    SparseMoe, SparseMoeConfig,
+    SparseMoe, SparseMoeConfig, TokenRouting,
 };
 pub use load::Pretrained;
 pub use model::{ForwardInput, KvCache, Transformer, ValueModel};

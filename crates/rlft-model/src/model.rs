@@ -242,6 +242,34 @@ impl Transformer {
         (h, routes.own)
     }
 
+    /// Final hidden states `[n, d]` at `n` positions (as [`Transformer::hidden_at`]) and the
+    /// routing of every token of the pass (as [`Transformer::hidden_states_routed`]).
+    pub fn hidden_at_routed(
+        &self,
+        input: &ForwardInput,
+        positions: Tensor<1, Int>,
+        replay: Option<&[Routing]>,
+    ) -> (Tensor<2>, Vec<Routing>) {
+        let (h, routing) = self.hidden_states_routed(input, replay);
+        let [b, l, d] = h.dims();
+        (h.reshape([b * l, d]).select(0, positions), routing)
+    }
+
+    /// [`Transformer::forward_cached`] that also returns the routing of the new tokens (one
+    /// [`Routing`] per sparse layer over `batch·L_new` tokens).
+    pub fn forward_cached_routed(
+        &self,
+        input: &ForwardInput,
+        cache: &mut KvCache,
+    ) -> (Tensor<3>, Vec<Routing>) {
+        let mut routes = Routes {
+            replay: None,
+            own: Vec::new(),
+        };
+        let h = self.hidden_states_full(input, Some(cache), Some(&mut routes));
+        (self.logits(h), routes.own)
+    }
+
     /// Logits `[batch, L, vocab]` and the routing, as [`Transformer::hidden_states_routed`].
     pub fn forward_routed(
         &self,

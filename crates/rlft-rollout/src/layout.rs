@@ -20,6 +20,9 @@ use rlft_model::{ForwardInput, Transformer};
 use std::collections::HashMap;
 
 mod kept;
+mod routing;
+
+pub use routing::RoutingStats;
 
 /// Widths tried for the bins, as multiples of the longest row: the narrowest of the least
 /// total area wins (attention grows with the square of the width).
@@ -47,6 +50,11 @@ pub struct LearnerBatch {
     r: usize,
     /// Each response token's sampling mask, when the batch carries one.
     kept: Option<kept::KeptSets>,
+    /// Each packed token's row and index in that row's tokens (`(-1, -1)` on padding); a shared
+    /// prompt's tokens name the first row that shares it.
+    origin: Vec<(i64, i64)>,
+    /// The sampler's routing of the tokens (mixtures of experts).
+    routing: Option<std::sync::Arc<routing::PackedRouting>>,
     device: Device,
 }
 
@@ -110,6 +118,7 @@ impl LearnerBatch {
         let mut segments = vec![-1i64; bins * width];
         let mut prefixes = vec![-1i64; bins * width];
         let mut used = vec![0usize; bins];
+        let mut origin = vec![(-1i64, -1i64); bins * width];
         // Per row: the index of its prompt's last token and of its first response token.
         let mut at = vec![(0usize, 0usize); n];
         for (u, (prompt, members)) in units.iter().enumerate() {
@@ -121,9 +130,13 @@ impl LearnerBatch {
                 [k] => k as i64,
                 _ => (n + u) as i64,
             };
+            let lead_pad = rows[members[0]].1 == 0;
             for (j, &t) in prompt.iter().enumerate() {
                 (ids[next], positions[next]) = (t, j as i64);
                 (segments[next], prefixes[next]) = (prompt_seg, prompt_seg);
+                if !lead_pad {
+                    origin[next] = (members[0] as i64, j as i64);
+                }
                 next += 1;
             }
             let prompt_last = next - 1;
@@ -131,6 +144,7 @@ impl LearnerBatch {
                 at[k] = (prompt_last, next);
                 for (j, &t) in response(k).iter().enumerate() {
                     (ids[next], positions[next]) = (t.into(), (prompt.len() + j) as i64);
+                    origin[next] = (k as i64, (rows[k].1 + j) as i64);
                     (segments[next], prefixes[next]) = (k as i64, prompt_seg);
                     next += 1;
                 }
@@ -168,6 +182,8 @@ impl LearnerBatch {
             n,
             r,
             kept: None,
+            origin,
+            routing: None,
             device: device.clone(),
         }
     }
@@ -236,7 +252,10 @@ impl LearnerBatch {
     /// Logits `[1, T, vocab]` at the `T` positions that predict the response tokens (the output
     /// head runs at those positions only).
     pub fn response_logits(&self, model: &Transformer) -> Tensor<3> {
-        model.forward_at(&self.input(), self.int1(&self.predict))
+        model.output_head(
+            self.hidden_at(model, self.int1(&self.predict))
+                .unsqueeze::<3>(),
+        )
     }
 
     /// Log-probabilities `[n, R]` of the response tokens under `model` at `temperature` (see
@@ -309,7 +328,7 @@ impl LearnerBatch {
         if chunk >= self.tokens() {
             return self.logprobs(model, temperature);
         }
-        let h = model.hidden_at(&self.input(), self.predict_positions());
+        let h = self.hidden_at(model, self.predict_positions());
         let mut parts = Vec::new();
         for (start, len) in self.chunks(chunk) {
             let logits = model.output_head(h.clone().narrow(0, start, len).unsqueeze::<3>());

@@ -22,7 +22,7 @@ pub mod task;
 pub use command::{CommandReward, CommandTool, LineProcess};
 pub use dataset::{Columns, DataCursor, DataLoader, DataRole, Dataset, Example, Prompt};
 pub use env::{Calculator, EnvStep, Environment, NamedTool, SingleTurn, Tool, ToolEnv};
-pub use layout::LearnerBatch;
+pub use layout::{LearnerBatch, RoutingStats};
 pub use pool::{JobOutcome, PoolStats, Ticket, WorkerPool, panic_message};
 pub use reward::{
     AnswerFormat, ExactMatch, FormatReward, LengthPenalty, Named, OverlongShaping, RegexMatch,

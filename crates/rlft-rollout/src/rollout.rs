@@ -51,6 +51,11 @@ pub struct Trajectory {
     /// otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kept_ids: Vec<Option<Vec<u32>>>,
+    /// A mixture of experts' routing of `prompt_ids + response_ids` as the sampler forwarded
+    /// them (the last token, never forwarded, has none); `None` for a dense model. Router
+    /// replay forces these experts in the learner's passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<rlft_model::TokenRouting>,
     /// The oldest policy version among its tokens (the version that sampled it, unless new
     /// weights reached the generation midway: [`Trajectory::token_versions`]).
     pub version: u64,
@@ -154,6 +159,8 @@ struct Episode {
     filter_log_mass: f64,
     /// Each response token's sampling mask, when recorded.
     kept_ids: Vec<Option<Vec<u32>>>,
+    /// The routing of the context, from the latest model turn.
+    routing: Option<rlft_model::TokenRouting>,
     versions: Vec<u64>,
     finish: FinishReason,
     truncated: bool,
@@ -237,6 +244,7 @@ pub fn rollout_updating(
                 logprobs: Vec::new(),
                 filter_log_mass: 0.0,
                 kept_ids: Vec::new(),
+                routing: None,
                 versions: Vec::new(),
                 finish: FinishReason::Length,
                 truncated: false,
@@ -318,6 +326,9 @@ pub fn rollout_updating(
                     e.kept_ids.extend(c.kept_ids);
                     let n = e.context.len() - e.prompt_len;
                     e.kept_ids.resize(n, None);
+                }
+                if c.routing.is_some() {
+                    e.routing = c.routing;
                 }
                 e.turns += 1;
                 e.finish = c.finish_reason;
@@ -413,6 +424,7 @@ pub fn rollout_updating(
             behaviour_logprobs: e.logprobs,
             filter_log_mass: e.filter_log_mass,
             kept_ids: e.kept_ids,
+            routing: e.routing,
             version: oldest,
             token_versions: e.versions,
             finish_reason: e.finish,

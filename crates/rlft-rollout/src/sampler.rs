@@ -14,7 +14,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
 use rlft_model::{
-    DECODE_ROWS, ForwardInput, HostKvCache, HostWeights, KvCache, Tokenizer, Transformer,
+    DECODE_ROWS, ForwardInput, HostKvCache, HostWeights, KvCache, Routing, TokenRouting, Tokenizer,
+    Transformer,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -76,6 +77,11 @@ pub struct Completion {
     pub kept_ids: Vec<Option<Vec<u32>>>,
     /// Why it stopped.
     pub finish_reason: FinishReason,
+    /// A mixture of experts' routing of every token the sampler forwarded for this row: the
+    /// prompt, then each generated token but the last (it is never forwarded); `None` for a
+    /// dense model.
+    #[serde(default)]
+    pub routing: Option<TokenRouting>,
 }
 
 impl Completion {
@@ -149,6 +155,8 @@ struct Row {
     kept_ids: Vec<Option<Vec<u32>>>,
     /// The policy version that sampled each token.
     versions: Vec<u64>,
+    /// The experts of every token forwarded so far (mixtures of experts).
+    routing: Option<TokenRouting>,
     position: i64,
     /// Completion text decoded so far (only with stop strings).
     text: String,
@@ -269,6 +277,8 @@ impl<'a> Sampler<'a> {
         };
         // The first step's input; later backend steps take each row's last token.
         let mut prompt_input = Some(padded_input(&unique, self.pad_id, &device));
+        // A mixture of experts: its sparse layers and experts per token, to record the routing.
+        let moe = sparse_shape(self.model);
         let mut rows: Vec<Row> = prompts
             .iter()
             .enumerate()
@@ -279,6 +289,7 @@ impl<'a> Sampler<'a> {
                 log_kept_mass: Vec::new(),
                 kept_ids: Vec::new(),
                 versions: Vec::new(),
+                routing: moe.map(|(layers, k)| TokenRouting::new(layers, k)),
                 position: p.len() as i64,
                 text: String::new(),
             })
@@ -369,7 +380,23 @@ impl<'a> Sampler<'a> {
                         segment_ids: None,
                         prefix_ids: None,
                     });
-                    let mut logits = model.forward_cached(&input, &mut cache);
+                    let width = input.input_ids.dims()[1];
+                    let mut logits = if moe.is_some() {
+                        let (logits, routing) = model.forward_cached_routed(&input, &mut cache);
+                        record_routing(
+                            &mut rows,
+                            &routing,
+                            width,
+                            match (prefill, initial) {
+                                (false, _) => Recorded::Step,
+                                (true, true) => Recorded::Prompts(&source, prompts),
+                                (true, false) => Recorded::Contexts(prompts),
+                            },
+                        );
+                        logits
+                    } else {
+                        model.forward_cached(&input, &mut cache)
+                    };
                     if prefill && initial && unique.len() < prompts.len() {
                         cache.select_rows(&source);
                         let rows: Vec<i64> = source.iter().map(|&u| u as i64).collect();
@@ -456,6 +483,7 @@ impl<'a> Sampler<'a> {
                             log_kept_mass: std::mem::take(&mut row.log_kept_mass),
                             kept_ids: std::mem::take(&mut row.kept_ids),
                             finish_reason,
+                            routing: row.routing.take(),
                         });
                     }
                     None => keep.push(r),
@@ -570,6 +598,53 @@ enum StepLogits {
 
 /// Sequences left-padded into one prefill input (positions from 0 at each sequence's first
 /// real token; an attention mask when their lengths differ).
+/// A mixture of experts' sparse layer count and experts per token; `None` for a dense model.
+fn sparse_shape(model: &Transformer) -> Option<(usize, usize)> {
+    let sparse: Vec<_> = model
+        .layers
+        .iter()
+        .filter_map(|l| l.mlp.experts())
+        .collect();
+    let first = sparse.first()?;
+    Some((sparse.len(), first.top_k.min(first.experts.len())))
+}
+
+/// Which tokens a backend pass of the sampler forwarded, for [`record_routing`].
+enum Recorded<'a> {
+    /// The first prefill: one left-padded row per distinct prompt (`source[i]` is prompt `i`'s
+    /// row).
+    Prompts(&'a [usize], &'a [Vec<u32>]),
+    /// A prefill of each row's whole context (prompt + tokens so far), rows in order.
+    Contexts(&'a [Vec<u32>]),
+    /// One decode step: each row's last token.
+    Step,
+}
+
+/// Adds the routing of a backend pass `width` tokens wide to each row's record.
+fn record_routing(rows: &mut [Row], routing: &[Routing], width: usize, what: Recorded<'_>) {
+    for (i, row) in rows.iter_mut().enumerate() {
+        let Some(rec) = row.routing.as_mut() else {
+            continue;
+        };
+        match what {
+            Recorded::Step => rec.push_from(routing, i),
+            Recorded::Prompts(source, prompts) => {
+                let (u, len) = (source[row.index], prompts[row.index].len());
+                for t in width - len..width {
+                    rec.push_from(routing, u * width + t);
+                }
+            }
+            Recorded::Contexts(prompts) => {
+                let len = prompts[row.index].len() + row.tokens.len();
+                rec.truncate(0);
+                for t in width - len..width {
+                    rec.push_from(routing, i * width + t);
+                }
+            }
+        }
+    }
+}
+
 fn padded_input(
     seqs: &[impl AsRef<[u32]>],
     pad_id: u32,

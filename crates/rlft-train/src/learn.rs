@@ -22,7 +22,7 @@ use rlft_algo::filters::{opsm_slime, opsm_trl, top_entropy_mask};
 use rlft_algo::loss::{MetricValues, PolicyLossInput};
 use rlft_algo::seed::{spread, xorshift64};
 use rlft_model::{Transformer, ValueModel};
-use rlft_rollout::LearnerBatch;
+use rlft_rollout::{LearnerBatch, RoutingStats};
 
 impl Trainer {
     /// `ppo_epochs` × `mini_batches` optimiser steps. Returns (clip low, clip high, kl, entropy,
@@ -37,6 +37,7 @@ impl Trainer {
         let a = self.recipe.algorithm.clone();
         let n = rows.len();
         let mut sums = [0.0f64; 4];
+        let mut routing = RoutingStats::default();
         let mut count = 0.0f64;
         let mut norms = Vec::new();
         let mut value_losses = Vec::new();
@@ -121,6 +122,7 @@ impl Trainer {
                         *s += p;
                     }
                     count += part.micro_batches;
+                    routing.add(part.routing);
                     step_value_loss += part.value_losses.iter().sum::<f64>();
                     policy_grads.push(part.policy);
                     critic_grads.extend(part.critic);
@@ -194,6 +196,8 @@ impl Trainer {
             grad_norm: gn,
             value_loss: (!value_losses.is_empty())
                 .then(|| value_losses.iter().sum::<f64>() / value_losses.len() as f64),
+            routing_mismatch: routing.fractions().map(|f| f.0),
+            router_drift: routing.fractions().map(|f| f.1),
             skipped: bad,
         })
     }
@@ -354,6 +358,9 @@ impl Trainer {
                     })
                 },
             )?;
+            if let Some(r) = ids.take_routing_stats() {
+                out.routing.add(r);
+            }
             out.sums[0] += mv.clip_frac_low;
             out.sums[1] += mv.clip_frac_high;
             out.sums[2] += mv.kl.unwrap_or(0.0);
@@ -430,13 +437,16 @@ impl Trainer {
     pub(crate) fn pack_on(&self, rows: &[&Row], device: &Device) -> LearnerBatch {
         let seqs: Vec<(&[i64], usize)> = rows.iter().map(|r| (&r.ids[..], r.prompt_len)).collect();
         let pad = self.tokenizer.pad_id.unwrap_or(0) as i64;
-        let batch = LearnerBatch::new(&seqs, pad, device);
+        let mut batch = LearnerBatch::new(&seqs, pad, device);
         if rows.iter().any(|r| !r.kept.is_empty()) {
             let kept: Vec<&[Option<Vec<u32>>]> = rows.iter().map(|r| &r.kept[..]).collect();
-            batch.with_kept_sets(&kept)
-        } else {
-            batch
+            batch = batch.with_kept_sets(&kept);
         }
+        if rows.iter().any(|r| r.routing.is_some()) {
+            let routing: Vec<_> = rows.iter().map(|r| r.routing.as_ref()).collect();
+            batch = batch.with_routing(&routing, self.recipe.algorithm.router_replay);
+        }
+        batch
     }
 
     /// The per-response-token values `field` of the rows packed as `batch`, as `[n, R]` (`R` the
@@ -459,6 +469,8 @@ struct RankGradients {
     policy: GradientsParams,
     critic: Option<GradientsParams>,
     sums: [f64; 4],
+    /// How the update passes' routing compared with the sampler's record.
+    routing: RoutingStats,
     micro_batches: f64,
     value_losses: Vec<f64>,
 }

@@ -176,7 +176,7 @@ pub fn chunked_backward<T, E: From<rlft_algo::AlgoError>>(
         return Ok((grads, out.extra));
     }
     // 1. Hidden states at the response positions, with the trunk's graph.
-    let h = model.hidden_at(&batch.input(), batch.predict_positions());
+    let h = batch.hidden_at(model, batch.predict_positions());
     let chunks = batch.chunks(chunk);
     let slice = |x: &Tensor<1>, (s, l): (usize, usize)| x.clone().narrow(0, s, l).unsqueeze::<2>();
     let head = |h: Tensor<2>, (s, l): (usize, usize)| {

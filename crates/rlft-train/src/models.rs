@@ -2,10 +2,12 @@
 //! from `[model.scratch]`; with LoRA adapters and the compute type of `model.dtype`), the
 //! frozen reference on its device, and the critic.
 
-use crate::Result;
 use crate::recipe::Recipe;
+use crate::{Result, TrainError};
 use burn::tensor::{DType, Device};
-use rlft_model::{LoraConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel};
+use rlft_model::{
+    LoraConfig, MoeConfig, Pretrained, Tokenizer, Transformer, TransformerConfig, ValueModel,
+};
 use std::path::Path;
 
 /// The frozen reference policy and the device it lives on (`model.reference_device`, default
@@ -54,11 +56,34 @@ impl Models {
             )
             .with_tie_word_embeddings(true)
             .with_max_position_embeddings(1024);
+            let config = if s.experts > 0 {
+                config
+                    .with_model_type("qwen3_moe".into())
+                    .with_qk_norm(true)
+                    .with_moe(Some(
+                        MoeConfig::new(s.experts, s.experts_per_token, s.intermediate_size)
+                            .with_norm_topk_prob(true),
+                    ))
+            } else {
+                config
+            };
             (config.init_seeded(device, recipe.seed), tokenizer, config)
         } else {
             let p = Pretrained::load(Path::new(&recipe.model.path), device, DType::F32)?;
             (p.model, p.tokenizer, p.config)
         };
+        if recipe.algorithm.router_replay && !policy.is_moe() {
+            return Err(TrainError::Recipe(format!(
+                "algorithm.router_replay = true needs a mixture-of-experts model, and {} has no \
+                 experts; set it to false, or give a Qwen3-MoE / Mixtral model (or \
+                 model.scratch.experts > 0)",
+                if recipe.model.path.is_empty() {
+                    "the [model.scratch] model".to_string()
+                } else {
+                    format!("model.path {:?}", recipe.model.path)
+                }
+            )));
+        }
         let policy = policy.with_compute_dtype(recipe.model.dtype.float_dtype());
         let policy = if recipe.model.lora.rank > 0 {
             let l = &recipe.model.lora;

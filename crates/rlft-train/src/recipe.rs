@@ -134,8 +134,13 @@ pub struct ScratchSection {
     pub heads: usize,
     /// Key/value heads.
     pub kv_heads: usize,
-    /// SwiGLU width.
+    /// SwiGLU width (of each expert, with experts).
     pub intermediate_size: usize,
+    /// Experts per layer; 0: a dense model (Llama layout). More than 0: a mixture of experts in
+    /// the Qwen3-MoE layout (saved as `qwen3_moe`), every layer sparse.
+    pub experts: usize,
+    /// Experts each token is routed to (top-k, renormalised), with `experts` > 0.
+    pub experts_per_token: usize,
 }
 
 impl Default for ScratchSection {
@@ -146,6 +151,8 @@ impl Default for ScratchSection {
             heads: 4,
             kv_heads: 2,
             intermediate_size: 128,
+            experts: 0,
+            experts_per_token: 2,
         }
     }
 }
@@ -404,6 +411,10 @@ pub struct AlgorithmSection {
     /// top-p, and the learner takes every log-prob (π_θ, π_old, π_ref) and entropy over that
     /// set of its own logits, so μ and the learner's π are one distribution.
     pub sampling_mask: SamplingMask,
+    /// Mixtures of experts only: the learner's π_old and update passes route every token to
+    /// the experts the sampler recorded for it, weighted by the current router (rollout routing
+    /// replay, R3). `moe/routing_mismatch` and `moe/router_drift` are reported either way.
+    pub router_replay: bool,
     /// TRL's bias-corrected KL: each token's reference KL is multiplied by the importance
     /// ratio (not detached).
     pub kl_bias_correction: bool,
@@ -437,6 +448,7 @@ impl Default for AlgorithmSection {
             micro_batch_tokens: 0,
             logits_chunk_tokens: 0,
             sampling_mask: SamplingMask::Off,
+            router_replay: false,
             dynamic_sampling: false,
             max_gen_batches: 3,
             overlong_cache_len: 0,

@@ -158,6 +158,17 @@ pub struct UpdateStats {
     /// The critic's loss (with a critic).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value_loss: Option<f64>,
+    /// Mixtures of experts: the fraction of recorded (token, sparse layer) pairs whose experts
+    /// in the update passes differ from the sampler's (0 under router replay).
+    #[serde(
+        rename = "moe/routing_mismatch",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub routing_mismatch: Option<f64>,
+    /// Mixtures of experts: the same fraction for the learner's own top-k (how far the router
+    /// moved since the sampler routed).
+    #[serde(rename = "moe/router_drift", skip_serializing_if = "Option::is_none")]
+    pub router_drift: Option<f64>,
     /// A NaN/Inf loss or gradient left the weights untouched.
     #[serde(skip)]
     pub skipped: bool,

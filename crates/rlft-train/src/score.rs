@@ -29,6 +29,8 @@ pub(crate) struct Row {
     /// Sampling-mask replay: each response token's kept set (empty: scored over the
     /// vocabulary).
     pub(crate) kept: Vec<Option<Vec<u32>>>,
+    /// A mixture of experts' routing of the row's tokens as the sampler forwarded them.
+    pub(crate) routing: Option<rlft_model::TokenRouting>,
     /// Decoupled mode: IS weights of π_prox against μ.
     pub(crate) is_w: Option<Vec<f32>>,
     pub(crate) ref_lp: Option<Vec<f32>>,
@@ -73,6 +75,7 @@ impl Row {
                 .collect(),
             score: t.reward.unwrap_or(0.0) as f32,
             kept: Vec::new(),
+            routing: t.routing.clone(),
             is_w: None,
             ref_lp: None,
             adv: Vec::new(),
@@ -105,6 +108,7 @@ impl Row {
             versions: vec![0.0; n],
             score: 0.0,
             kept: Vec::new(),
+            routing: None,
             is_w: None,
             ref_lp: None,
             adv: vec![0.0; n],
@@ -317,6 +321,7 @@ mod tests {
             behaviour_logprobs: vec![-0.5; n],
             filter_log_mass: 0.0,
             kept_ids: Vec::new(),
+            routing: None,
             version: versions.iter().copied().min().unwrap_or(0),
             token_versions: versions,
             finish_reason: FinishReason::Eos,

@@ -61,13 +61,86 @@ impl SparseMoeConfig {
 }
 
 /// Which experts each token of a forward pass went to: `ids[t·k + j]` is token `t`'s `j`-th
-/// expert, in descending router probability.
+/// expert, in descending router probability. In a replayed routing a token whose first id is
+/// [`Routing::OWN`] has no record and goes where the router sends it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routing {
     /// Experts per token.
     pub k: usize,
     /// `n·k` expert ids.
     pub ids: Vec<u32>,
+}
+
+impl Routing {
+    /// Marks a token without a record in a replayed routing.
+    pub const OWN: u32 = u32::MAX;
+
+    /// Tokens covered.
+    pub fn tokens(&self) -> usize {
+        self.ids.len().checked_div(self.k).unwrap_or(0)
+    }
+
+    /// Token `t`'s experts.
+    pub fn token(&self, t: usize) -> &[u32] {
+        &self.ids[t * self.k..(t + 1) * self.k]
+    }
+
+    /// Whether token `t` goes to the same set of experts in both routings.
+    pub fn same_set(&self, other: &Routing, t: usize) -> bool {
+        let (mut a, mut b) = (self.token(t).to_vec(), other.token(t).to_vec());
+        a.sort_unstable();
+        b.sort_unstable();
+        a == b
+    }
+}
+
+/// The experts a sequence's tokens were routed to as the sampler forwarded them: per token, per
+/// sparse layer, `k` ids (small integers: bounded memory).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TokenRouting {
+    /// Sparse layers.
+    pub layers: usize,
+    /// Experts per token.
+    pub k: usize,
+    /// `tokens · layers · k` ids, token-major.
+    pub ids: Vec<u16>,
+}
+
+impl TokenRouting {
+    /// An empty record for `layers` sparse layers of `k` experts per token.
+    pub fn new(layers: usize, k: usize) -> Self {
+        Self {
+            layers,
+            k,
+            ids: Vec::new(),
+        }
+    }
+
+    /// Tokens recorded.
+    pub fn tokens(&self) -> usize {
+        self.ids
+            .len()
+            .checked_div(self.layers * self.k)
+            .unwrap_or(0)
+    }
+
+    /// Token `t`'s ids in sparse layer `layer`.
+    pub fn get(&self, t: usize, layer: usize) -> &[u16] {
+        let at = (t * self.layers + layer) * self.k;
+        &self.ids[at..at + self.k]
+    }
+
+    /// Appends token `t` of a pass's `routing` (one [`Routing`] per sparse layer).
+    pub fn push_from(&mut self, routing: &[Routing], t: usize) {
+        for r in routing {
+            self.ids.extend(r.token(t).iter().map(|&e| e as u16));
+        }
+    }
+
+    /// Keeps the first `tokens` tokens.
+    pub fn truncate(&mut self, tokens: usize) {
+        self.ids.truncate(tokens * self.layers * self.k);
+    }
 }
 
 /// A sparse MoE feed-forward block.
@@ -142,21 +215,30 @@ impl SparseMoe {
     pub fn forward_with(&self, x: Tensor<3>, routing: &Routing) -> (Tensor<3>, Routing) {
         let [b, l, d] = x.dims();
         assert!(
-            routing.ids.len() == b * l * routing.k
+            routing.k == self.top_k.min(self.experts.len())
+                && routing.ids.len() == b * l * routing.k
                 && routing
                     .ids
                     .iter()
-                    .all(|&e| (e as usize) < self.experts.len()),
-            "replayed routing covers {} slots of k = {} for {} tokens and {} experts",
+                    .all(|&e| e == Routing::OWN || (e as usize) < self.experts.len()),
+            "a replayed routing must give {} of {} experts to each of {} tokens; it has {} ids \
+             of k = {}",
+            self.top_k,
+            self.experts.len(),
+            b * l,
             routing.ids.len(),
             routing.k,
-            b * l,
-            self.experts.len()
         );
         let rows = x.reshape([b * l, d]);
         let probs = self.router_probs(rows.clone());
         let own = self.top_k_of(&probs);
-        (self.combine(rows, probs, routing).reshape([b, l, d]), own)
+        let mut forced = routing.clone();
+        for t in 0..b * l {
+            if forced.ids[t * forced.k] == Routing::OWN {
+                forced.ids[t * forced.k..(t + 1) * forced.k].copy_from_slice(own.token(t));
+            }
+        }
+        (self.combine(rows, probs, &forced).reshape([b, l, d]), own)
     }
 
     /// `Σ_j w_tj · expert_{id_tj}(x_t)` with `w` gathered from `probs` at the routed ids.

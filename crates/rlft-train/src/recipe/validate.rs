@@ -298,6 +298,21 @@ impl Recipe {
                 "heads must divide hidden_size and be a multiple of kv_heads".into(),
             );
         }
+        if s.experts > 256 {
+            return bad(
+                "model.scratch.experts",
+                format!("must be in 0..=256, got {}", s.experts),
+            );
+        }
+        if s.experts > 0 && !(1..=s.experts).contains(&s.experts_per_token) {
+            return bad(
+                "model.scratch.experts_per_token",
+                format!(
+                    "must be between 1 and model.scratch.experts ({}), got {}",
+                    s.experts, s.experts_per_token
+                ),
+            );
+        }
         let width = s.hidden_size / s.heads;
         if width < 2 || !width.is_multiple_of(2) {
             return bad(

@@ -1,0 +1,275 @@
+//! Router replay in the learner's layout: the experts the sampler recorded for each token
+//! ([`rlft_model::TokenRouting`]) laid out like the packed tokens, forced in the learner's
+//! passes when replay is on, and compared with the routing those passes compute.
+
+use super::LearnerBatch;
+use burn::tensor::{Int, Tensor};
+use rlft_model::{Routing, TokenRouting, Transformer};
+use std::sync::{Arc, Mutex};
+
+/// Counts of recorded (token, sparse layer) pairs over the passes of a batch.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RoutingStats {
+    /// Recorded pairs seen.
+    pub pairs: u64,
+    /// Pairs whose experts in the pass (forced under replay) differ from the record.
+    pub mismatched: u64,
+    /// Pairs whose router's own top-k differs from the record.
+    pub drifted: u64,
+}
+
+impl RoutingStats {
+    /// Adds another count.
+    pub fn add(&mut self, other: RoutingStats) {
+        self.pairs += other.pairs;
+        self.mismatched += other.mismatched;
+        self.drifted += other.drifted;
+    }
+
+    /// `(mismatch, drift)` fractions; `None` without pairs.
+    pub fn fractions(&self) -> Option<(f64, f64)> {
+        (self.pairs > 0).then(|| {
+            let n = self.pairs as f64;
+            (self.mismatched as f64 / n, self.drifted as f64 / n)
+        })
+    }
+}
+
+/// The recorded routing of a batch's packed tokens.
+#[derive(Debug)]
+pub(super) struct PackedRouting {
+    /// One routing per sparse layer over the `[bins·W]` packed tokens ([`Routing::OWN`] where
+    /// there is no record).
+    record: Vec<Routing>,
+    /// Whether each packed token has a record.
+    recorded: Vec<bool>,
+    replay: bool,
+    stats: Mutex<RoutingStats>,
+}
+
+impl LearnerBatch {
+    /// Attaches the sampler's routing of each row (rows in the order [`LearnerBatch::new`] took
+    /// them; `None` where a row has none). With `replay`, every pass forces the recorded experts
+    /// (router replay) while the current router weighs them; either way the passes count how
+    /// their routing differs from the record ([`LearnerBatch::take_routing_stats`]). Rows whose
+    /// records do not fit the model (another number of sparse layers or experts per token) are
+    /// ignored, as are tokens past a record's end.
+    pub fn with_routing(mut self, rows: &[Option<&TokenRouting>], replay: bool) -> Self {
+        let Some(shape) = rows.iter().flatten().next().map(|r| (r.layers, r.k)) else {
+            return self;
+        };
+        let (layers, k) = shape;
+        let slots = self.ids.len();
+        let mut record = vec![
+            Routing {
+                k,
+                ids: vec![Routing::OWN; slots * k],
+            };
+            layers
+        ];
+        let mut recorded = vec![false; slots];
+        for (slot, &(row, t)) in self.origin.iter().enumerate() {
+            let Some(Some(rec)) = rows.get(row as usize).filter(|_| row >= 0) else {
+                continue;
+            };
+            if (rec.layers, rec.k) != shape || t as usize >= rec.tokens() {
+                continue;
+            }
+            for (l, r) in record.iter_mut().enumerate() {
+                for (j, &e) in rec.get(t as usize, l).iter().enumerate() {
+                    r.ids[slot * k + j] = u32::from(e);
+                }
+            }
+            recorded[slot] = true;
+        }
+        self.routing = Some(Arc::new(PackedRouting {
+            record,
+            recorded,
+            replay,
+            stats: Mutex::new(RoutingStats::default()),
+        }));
+        self
+    }
+
+    /// The routing counts of the passes since the last call (`None` without a record).
+    pub fn take_routing_stats(&self) -> Option<RoutingStats> {
+        let r = self.routing.as_ref()?;
+        let mut stats = r.stats.lock().unwrap_or_else(|e| e.into_inner());
+        Some(std::mem::take(&mut *stats))
+    }
+
+    /// Final hidden states `[n, d]` at `positions` of the batch's pass, replaying and
+    /// measuring the routing when the batch carries a record.
+    pub fn hidden_at(&self, model: &Transformer, positions: Tensor<1, Int>) -> Tensor<2> {
+        let input = self.input();
+        let Some(r) = self.routing.as_ref().filter(|_| model.is_moe()) else {
+            return model.hidden_at(&input, positions);
+        };
+        let replay = r.replay.then_some(&r.record[..]);
+        let (h, own) = model.hidden_at_routed(&input, positions, replay);
+        let mut stats = RoutingStats::default();
+        for (rec, own) in r.record.iter().zip(&own) {
+            for (t, _) in r.recorded.iter().enumerate().filter(|(_, on)| **on) {
+                stats.pairs += 1;
+                let drifted = !rec.same_set(own, t);
+                stats.drifted += u64::from(drifted);
+                stats.mismatched += u64::from(drifted && !r.replay);
+            }
+        }
+        r.stats.lock().unwrap_or_else(|e| e.into_inner()).add(stats);
+        h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Sampler, SamplingConfig};
+    use burn::module::Param;
+    use burn::tensor::{Device, TensorData};
+    use rlft_model::{FeedForward, ForwardInput, MoeConfig, TransformerConfig};
+
+    fn floats<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .unwrap()
+    }
+
+    /// A copy of `model` whose routers are moved by `scale` times a fixed pattern.
+    fn perturbed(model: &Transformer, scale: f32) -> Transformer {
+        let mut m = model.clone();
+        for (i, layer) in m.layers.iter_mut().enumerate() {
+            if let FeedForward::Experts(moe) = &mut layer.mlp {
+                let w = moe.gate.weight.val();
+                let [a, b] = w.dims();
+                let noise: Vec<f32> = (0..a * b)
+                    .map(|j| ((j * 7919 + i * 104_729) % 1000) as f32 / 500.0 - 1.0)
+                    .collect();
+                let noise = Tensor::<2>::from_data(TensorData::new(noise, [a, b]), &w.device());
+                moe.gate.weight = Param::from_tensor((w + noise * scale).detach());
+            }
+        }
+        m
+    }
+
+    /// Router replay: after the router moves enough to flip ≥ 5 % of the top-k sets, the
+    /// replayed learner batch routes every recorded token to the sampler's experts (mismatch 0),
+    /// its log-probs equal each row's own forward pass with the recorded experts forced, and
+    /// the router still gets a gradient; without replay the learner's routing differs from the
+    /// record.
+    #[test]
+    fn replay_forces_the_recorded_experts_after_the_router_moved() {
+        let device = Device::flex();
+        let cfg = TransformerConfig::new(40, 16, 24, 2, 2, 1, 8)
+            .with_model_type("qwen3_moe".into())
+            .with_qk_norm(true)
+            .with_moe(Some(MoeConfig::new(6, 2, 16)));
+        let model = cfg.init_seeded(&device, 5);
+        let prompts: Vec<Vec<u32>> = vec![vec![1, 2, 3, 4], vec![5, 6, 7], vec![1, 2, 3, 4]];
+        let sampling = SamplingConfig::new()
+            .with_max_new_tokens(6)
+            .with_ignore_eos(true)
+            .with_seed(3);
+        let done = Sampler::new(&model, None)
+            .generate(&prompts, &sampling)
+            .unwrap();
+        let seqs: Vec<Vec<u32>> = prompts
+            .iter()
+            .zip(&done)
+            .map(|(p, c)| [&p[..], &c.tokens[..]].concat())
+            .collect();
+        for (s, c) in seqs.iter().zip(&done) {
+            let r = c.routing.as_ref().expect("a MoE sampler records routing");
+            assert_eq!((r.layers, r.k), (2, 2));
+            assert_eq!(r.tokens(), s.len() - 1, "every forwarded token");
+        }
+        let rows: Vec<(&[u32], usize)> = seqs
+            .iter()
+            .zip(&prompts)
+            .map(|(s, p)| (&s[..], p.len()))
+            .collect();
+        let records: Vec<Option<&TokenRouting>> = done.iter().map(|c| c.routing.as_ref()).collect();
+        let batch = |replay| LearnerBatch::new(&rows, 0, &device).with_routing(&records, replay);
+
+        // Unmoved, the learner routes as the sampler did.
+        let b = batch(false);
+        b.logprobs(&model, None).unwrap();
+        let s = b.take_routing_stats().unwrap();
+        assert!(s.pairs > 0 && s.drifted == 0 && s.mismatched == 0, "{s:?}");
+
+        // Move the router until at least 5 % of the recorded top-k sets flip.
+        let mut scale = 0.05;
+        let (moved, scale) = loop {
+            let m = perturbed(&model, scale);
+            let b = batch(false);
+            b.logprobs(&m, None).unwrap();
+            let (_, drift) = b.take_routing_stats().unwrap().fractions().unwrap();
+            if drift >= 0.05 {
+                break (m, scale);
+            }
+            scale *= 2.0;
+            assert!(scale < 100.0, "the router never moved");
+        };
+        let free = batch(false);
+        free.logprobs(&moved, None).unwrap();
+        let (mismatch, _) = free.take_routing_stats().unwrap().fractions().unwrap();
+        assert!(
+            mismatch > 0.0,
+            "without replay the experts differ: {mismatch}"
+        );
+
+        let replayed = batch(true);
+        let lp = floats(replayed.logprobs(&moved, None).unwrap());
+        let (mismatch, drift) = replayed.take_routing_stats().unwrap().fractions().unwrap();
+        assert_eq!(mismatch, 0.0);
+        assert!(drift >= 0.05, "{drift}");
+        let r = replayed.response_len();
+        for (k, (seq, c)) in seqs.iter().zip(&done).enumerate() {
+            let rec = c.routing.as_ref().unwrap();
+            let n = seq.len();
+            let forced: Vec<Routing> = (0..rec.layers)
+                .map(|l| Routing {
+                    k: rec.k,
+                    ids: (0..n)
+                        .flat_map(|t| match t < rec.tokens() {
+                            true => rec.get(t, l).iter().map(|&e| u32::from(e)).collect(),
+                            false => vec![Routing::OWN; rec.k],
+                        })
+                        .collect(),
+                })
+                .collect();
+            let ids: Vec<i64> = seq.iter().map(|&t| t as i64).collect();
+            let input = ForwardInput::new(Tensor::from_data(
+                TensorData::new(ids.clone(), [1, n]),
+                &device,
+            ));
+            let (logits, _) = moved.forward_routed(&input, Some(&forced));
+            let pl = prompts[k].len();
+            let logits = logits.narrow(1, pl - 1, n - pl);
+            let labels =
+                Tensor::from_data(TensorData::new(ids[pl..].to_vec(), [1, n - pl]), &device);
+            let alone = floats(rlft_algo::logprobs_from_logits(logits, labels, None).unwrap());
+            for (j, v) in alone.iter().enumerate() {
+                let d = (v - lp[k * r + j]).abs();
+                assert!(d <= 1e-5, "row {k} token {j}: {d}");
+            }
+        }
+
+        // The router keeps a gradient under replay.
+        let ad = Device::flex().autodiff();
+        let moved = perturbed(&cfg.init_seeded(&ad, 5), scale);
+        let replayed = LearnerBatch::new(&rows, 0, &ad).with_routing(&records, true);
+        let grads = replayed.logprobs(&moved, None).unwrap().sum().backward();
+        let gate = moved
+            .layers
+            .iter()
+            .find_map(|l| l.mlp.experts())
+            .unwrap()
+            .gate
+            .weight
+            .grad(&grads)
+            .expect("router gradient");
+        assert!(gate.abs().sum().into_scalar::<f32>() > 0.0);
+    }
+}
