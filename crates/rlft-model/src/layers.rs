@@ -19,7 +19,7 @@ use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Bool, DType, Device, Tensor};
-pub use moe::{FeedForward, Routing, SparseMoe, SparseMoeConfig, TokenRouting};
+pub use moe::{FeedForward, MoeTrace, Routing, SparseMoe, SparseMoeConfig, TokenRouting};
 pub use norm::{Norm, NormConfig};
 use std::convert::Infallible;
 

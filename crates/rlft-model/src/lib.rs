@@ -40,7 +40,7 @@ pub use layers::{
     SparseMoe, SparseMoeConfig, TokenRouting,
 };
 pub use load::Pretrained;
-pub use model::{ForwardInput, KvCache, Transformer, ValueModel};
+pub use model::{ForwardInput, KvCache, RouterTrace, Transformer, ValueModel};
 pub use rope::LLAMA3_ORIGINAL_CONTEXT;
 pub use tokenizer::{TokenStream, Tokenizer};
 

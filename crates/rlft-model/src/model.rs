@@ -234,25 +234,28 @@ impl Transformer {
         input: &ForwardInput,
         replay: Option<&[Routing]>,
     ) -> (Tensor<3>, Vec<Routing>) {
-        let mut routes = Routes {
-            replay,
-            own: Vec::new(),
-        };
+        let mut routes = Routes::new(replay);
         let h = self.hidden_states_full(input, None, Some(&mut routes));
         (h, routes.own)
     }
 
-    /// Final hidden states `[n, d]` at `n` positions (as [`Transformer::hidden_at`]) and the
-    /// routing of every token of the pass (as [`Transformer::hidden_states_routed`]).
-    pub fn hidden_at_routed(
+    /// Final hidden states `[n, d]` at `n` positions (as [`Transformer::hidden_at`]), routed
+    /// as [`Transformer::hidden_states_routed`] routes, and what every sparse layer did.
+    pub fn hidden_at_traced(
         &self,
         input: &ForwardInput,
         positions: Tensor<1, Int>,
         replay: Option<&[Routing]>,
-    ) -> (Tensor<2>, Vec<Routing>) {
-        let (h, routing) = self.hidden_states_routed(input, replay);
+    ) -> (Tensor<2>, RouterTrace) {
+        let mut routes = Routes::new(replay);
+        let h = self.hidden_states_full(input, None, Some(&mut routes));
         let [b, l, d] = h.dims();
-        (h.reshape([b * l, d]).select(0, positions), routing)
+        let trace = RouterTrace {
+            own: routes.own,
+            used: routes.used,
+            probs: routes.probs,
+        };
+        (h.reshape([b * l, d]).select(0, positions), trace)
     }
 
     /// [`Transformer::forward_cached`] that also returns the routing of the new tokens (one
@@ -262,10 +265,7 @@ impl Transformer {
         input: &ForwardInput,
         cache: &mut KvCache,
     ) -> (Tensor<3>, Vec<Routing>) {
-        let mut routes = Routes {
-            replay: None,
-            own: Vec::new(),
-        };
+        let mut routes = Routes::new(None);
         let h = self.hidden_states_full(input, Some(cache), Some(&mut routes));
         (self.logits(h), routes.own)
     }
@@ -395,27 +395,48 @@ impl Transformer {
 struct Routes<'a> {
     replay: Option<&'a [Routing]>,
     own: Vec<Routing>,
+    used: Vec<Routing>,
+    probs: Vec<Tensor<2>>,
 }
 
-impl Routes<'_> {
+impl<'a> Routes<'a> {
+    fn new(replay: Option<&'a [Routing]>) -> Self {
+        Self {
+            replay,
+            own: Vec::new(),
+            used: Vec::new(),
+            probs: Vec::new(),
+        }
+    }
+
     /// Runs a sparse layer's block, replaying or recording its routing.
     fn run(&mut self, ff: &FeedForward, h: Tensor<3>) -> Tensor<3> {
         let FeedForward::Experts(moe) = ff else {
             return ff.forward(h);
         };
         let layer = self.own.len();
-        let (y, own) = match self.replay {
-            Some(replay) => {
-                let forced = replay
-                    .get(layer)
-                    .expect("router replay: one recorded routing per sparse layer");
-                moe.forward_with(h, forced)
-            }
-            None => moe.forward_routed(h),
-        };
-        self.own.push(own);
-        y
+        let replay = self.replay.map(|r| {
+            r.get(layer)
+                .expect("router replay: one recorded routing per sparse layer")
+        });
+        let t = moe.forward_traced(h, replay);
+        self.own.push(t.own);
+        self.used.push(t.used);
+        self.probs.push(t.probs);
+        t.output
     }
+}
+
+/// What the sparse layers of a pass did ([`Transformer::hidden_at_traced`]), one entry per
+/// sparse layer in layer order, over the pass's `batch·L` tokens.
+#[derive(Debug, Clone)]
+pub struct RouterTrace {
+    /// Each router's own top-k.
+    pub own: Vec<Routing>,
+    /// The experts the tokens went to (the replayed ones under replay).
+    pub used: Vec<Routing>,
+    /// Router probabilities `[batch·L, E]`, in the pass's autodiff graph.
+    pub probs: Vec<Tensor<2>>,
 }
 
 /// Keys and values of earlier tokens, per layer, for incremental decoding (rows may be

@@ -152,3 +152,53 @@ fn re_export_reproduces_config_and_tensors() {
         std::fs::remove_dir_all(&out).ok();
     }
 }
+
+/// LoRA on the fused projections of Phi-3 (`qkv_proj`, `gate_up_proj`) and on Mixtral's experts
+/// (`w1`, `w3`): the adapted model starts as the base, trains, and its merged export (fused and
+/// renamed again) reloads to the adapted model's logits.
+#[test]
+fn lora_on_fused_and_expert_projections_merges_on_export() {
+    use burn::optim::{GradientsParams, SgdConfig};
+    use rlft_model::LoraConfig;
+    let ad = Device::flex().autodiff();
+    for (name, targets) in [
+        ("tiny-phi3", vec!["qkv_proj", "gate_up_proj"]),
+        ("tiny-mixtral", vec!["w1", "w3", "o_proj"]),
+    ] {
+        let dir = family_fixtures().join(name);
+        if !dir.exists() {
+            continue;
+        }
+        let p = Pretrained::load(&dir, &ad, DType::F32).unwrap_or_else(|e| panic!("{e}"));
+        let input = ForwardInput::new(int2(vec![5, 17, 42, 7], [1, 4], &ad));
+        let base = to_vec(p.model.forward(&input));
+        let lora = LoraConfig::new(2, 4.0)
+            .with_target_modules(targets.iter().map(|t| t.to_string()).collect());
+        let mut model = p
+            .model
+            .clone()
+            .with_lora(&lora)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            max_diff(&to_vec(model.forward(&input)), &base) < 1e-6,
+            "{name}"
+        );
+        for _ in 0..2 {
+            let loss = model.forward(&input).powi_scalar(2).mean();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = SgdConfig::new().init().step(1e-1, model, grads);
+        }
+        let after = to_vec(model.forward(&input));
+        assert!(max_diff(&after, &base) > 1e-4, "{name}: adapters trained");
+        let out = std::env::temp_dir().join(format!("rlft-lora-{name}-{}", std::process::id()));
+        model
+            .save_hf(&p.config, Some(&p.tokenizer), &out)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plain = Device::flex();
+        let merged = Pretrained::load(&out, &plain, DType::F32).unwrap_or_else(|e| panic!("{e}"));
+        let input = ForwardInput::new(int2(vec![5, 17, 42, 7], [1, 4], &plain));
+        let diff = max_diff(&to_vec(merged.model.forward(&input)), &after);
+        assert!(diff < 1e-4, "{name}: merged export {diff}");
+        std::fs::remove_dir_all(&out).ok();
+    }
+}

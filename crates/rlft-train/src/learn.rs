@@ -198,6 +198,7 @@ impl Trainer {
                 .then(|| value_losses.iter().sum::<f64>() / value_losses.len() as f64),
             routing_mismatch: routing.fractions().map(|f| f.0),
             router_drift: routing.fractions().map(|f| f.1),
+            moe_aux_loss: routing.aux_loss(),
             skipped: bad,
         })
     }
@@ -444,7 +445,8 @@ impl Trainer {
         }
         if rows.iter().any(|r| r.routing.is_some()) {
             let routing: Vec<_> = rows.iter().map(|r| r.routing.as_ref()).collect();
-            batch = batch.with_routing(&routing, self.recipe.algorithm.router_replay);
+            let a = &self.recipe.algorithm;
+            batch = batch.with_routing(&routing, a.router_replay, a.moe_aux_coef);
         }
         batch
     }

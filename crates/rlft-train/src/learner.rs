@@ -172,7 +172,11 @@ pub fn chunked_backward<T, E: From<rlft_algo::AlgoError>>(
         let (lp, ent) =
             batch.head_scores(logits, (0, batch.tokens()), temperature, entropy_grad)?;
         let out = loss(batch.rows(lp), batch.rows(ent))?;
-        let grads = GradientsParams::from_grads(out.loss.backward(), model);
+        let total = match batch.take_aux_loss() {
+            Some(aux) => out.loss + aux,
+            None => out.loss,
+        };
+        let grads = GradientsParams::from_grads(total.backward(), model);
         return Ok((grads, out.extra));
     }
     // 1. Hidden states at the response positions, with the trunk's graph.
@@ -238,9 +242,19 @@ pub fn chunked_backward<T, E: From<rlft_algo::AlgoError>>(
         }
         add(&mut grads, GradientsParams::from_grads(gc, model), model);
     }
-    // 5. Through the trunk.
-    if let Some(g_h) = g_h {
-        let s = (h * Tensor::from_inner(g_h)).sum();
+    // 5. Through the trunk, with a mixture of experts' load-balancing loss.
+    let aux = batch.take_aux_loss();
+    let trunk = match (g_h, aux) {
+        (Some(g_h), aux) => {
+            let s = (h * Tensor::from_inner(g_h)).sum();
+            Some(match aux {
+                Some(a) => s + a,
+                None => s,
+            })
+        }
+        (None, aux) => aux,
+    };
+    if let Some(s) = trunk {
         add(
             &mut grads,
             GradientsParams::from_grads(s.backward(), model),

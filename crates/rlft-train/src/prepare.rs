@@ -57,7 +57,8 @@ impl Trainer {
                 prox_secs += t0.elapsed().as_secs_f64();
             }
             if let Some(reference) = &self.models.reference {
-                let ids_ref = ids.to_device(&reference.device);
+                // The reference routes with its own router: replay holds the policy only.
+                let ids_ref = ids.to_device(&reference.device).without_routing();
                 let lp = host(ids_ref.logprobs_chunked(
                     &reference.model,
                     Some(temperature),

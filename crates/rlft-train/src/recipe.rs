@@ -415,6 +415,10 @@ pub struct AlgorithmSection {
     /// the experts the sampler recorded for it, weighted by the current router (rollout routing
     /// replay, R3). `moe/routing_mismatch` and `moe/router_drift` are reported either way.
     pub router_replay: bool,
+    /// Mixtures of experts: the coefficient of transformers' load-balancing loss
+    /// (`load_balancing_loss_func`, `router_aux_loss_coef` there) added to the policy loss;
+    /// 0: none. `moe/aux_loss` reports it.
+    pub moe_aux_coef: f64,
     /// TRL's bias-corrected KL: each token's reference KL is multiplied by the importance
     /// ratio (not detached).
     pub kl_bias_correction: bool,
@@ -449,6 +453,7 @@ impl Default for AlgorithmSection {
             logits_chunk_tokens: 0,
             sampling_mask: SamplingMask::Off,
             router_replay: false,
+            moe_aux_coef: 0.0,
             dynamic_sampling: false,
             max_gen_batches: 3,
             overlong_cache_len: 0,

@@ -169,6 +169,10 @@ pub struct UpdateStats {
     /// moved since the sampler routed).
     #[serde(rename = "moe/router_drift", skip_serializing_if = "Option::is_none")]
     pub router_drift: Option<f64>,
+    /// Mixtures of experts with `algorithm.moe_aux_coef` > 0: the update passes' mean
+    /// load-balancing loss (before the coefficient).
+    #[serde(rename = "moe/aux_loss", skip_serializing_if = "Option::is_none")]
+    pub moe_aux_loss: Option<f64>,
     /// A NaN/Inf loss or gradient left the weights untouched.
     #[serde(skip)]
     pub skipped: bool,

@@ -120,6 +120,18 @@ fn router_replay_keeps_the_sampler_experts() {
         }
     }
     assert!(moe > 0, "no mixture of experts among the fixtures");
+    // The load-balancing loss trains and is reported.
+    let dir = family_dirs()
+        .into_iter()
+        .find(|d| {
+            rlft_model::TransformerConfig::from_hf_file(&d.join("config.json"))
+                .is_ok_and(|c| c.moe.is_some())
+        })
+        .unwrap();
+    for row in two_steps(&dir, "aux", &["algorithm.moe_aux_coef=0.01"]) {
+        let aux = row["moe/aux_loss"].as_f64().expect("moe/aux_loss");
+        assert!(aux.is_finite() && aux > 0.0, "{aux}");
+    }
     let out = std::env::temp_dir().join(format!("rlft-r3-dense-{}", std::process::id()));
     let o = vec![
         format!("output_dir=\"{}\"", out.display()),

@@ -143,6 +143,19 @@ impl TokenRouting {
     }
 }
 
+/// What a pass through a [`SparseMoe`] computed ([`SparseMoe::forward_traced`]).
+#[derive(Debug, Clone)]
+pub struct MoeTrace {
+    /// The block's output `[batch, L, d]`.
+    pub output: Tensor<3>,
+    /// The router's own top-k.
+    pub own: Routing,
+    /// The experts the tokens went to (the replayed ones under replay).
+    pub used: Routing,
+    /// Router probabilities `[batch·L, E]`.
+    pub probs: Tensor<2>,
+}
+
 /// A sparse MoE feed-forward block.
 #[derive(Module, Debug)]
 pub struct SparseMoe {
@@ -213,32 +226,59 @@ impl SparseMoe {
     /// # Panics
     /// When `routing` does not cover `batch·L` tokens or names an expert that does not exist.
     pub fn forward_with(&self, x: Tensor<3>, routing: &Routing) -> (Tensor<3>, Routing) {
+        let t = self.forward_traced(x, Some(routing));
+        (t.output, t.own)
+    }
+
+    /// The block's output, routed by the router or (`replay`) by a recorded routing as
+    /// [`SparseMoe::forward_with`] routes, with everything a caller measures: the router's own
+    /// top-k, the experts used, and the router probabilities `[batch·L, E]` (in the autodiff
+    /// graph, for a load-balancing loss).
+    ///
+    /// # Panics
+    /// As [`SparseMoe::forward_with`].
+    pub fn forward_traced(&self, x: Tensor<3>, replay: Option<&Routing>) -> MoeTrace {
         let [b, l, d] = x.dims();
+        let rows = x.reshape([b * l, d]);
+        let probs = self.router_probs(rows.clone());
+        let own = self.top_k_of(&probs);
+        let used = match replay {
+            None => own.clone(),
+            Some(routing) => {
+                self.check_replay(routing, b * l);
+                let mut forced = routing.clone();
+                for t in 0..b * l {
+                    if forced.ids[t * forced.k] == Routing::OWN {
+                        forced.ids[t * forced.k..(t + 1) * forced.k].copy_from_slice(own.token(t));
+                    }
+                }
+                forced
+            }
+        };
+        let output = self.combine(rows, probs.clone(), &used).reshape([b, l, d]);
+        MoeTrace {
+            output,
+            own,
+            used,
+            probs,
+        }
+    }
+
+    fn check_replay(&self, routing: &Routing, tokens: usize) {
         assert!(
             routing.k == self.top_k.min(self.experts.len())
-                && routing.ids.len() == b * l * routing.k
+                && routing.ids.len() == tokens * routing.k
                 && routing
                     .ids
                     .iter()
                     .all(|&e| e == Routing::OWN || (e as usize) < self.experts.len()),
-            "a replayed routing must give {} of {} experts to each of {} tokens; it has {} ids \
-             of k = {}",
+            "a replayed routing must give {} of {} experts to each of {tokens} tokens; it has {} \
+             ids of k = {}",
             self.top_k,
             self.experts.len(),
-            b * l,
             routing.ids.len(),
             routing.k,
         );
-        let rows = x.reshape([b * l, d]);
-        let probs = self.router_probs(rows.clone());
-        let own = self.top_k_of(&probs);
-        let mut forced = routing.clone();
-        for t in 0..b * l {
-            if forced.ids[t * forced.k] == Routing::OWN {
-                forced.ids[t * forced.k..(t + 1) * forced.k].copy_from_slice(own.token(t));
-            }
-        }
-        (self.combine(rows, probs, &forced).reshape([b, l, d]), own)
     }
 
     /// `Σ_j w_tj · expert_{id_tj}(x_t)` with `w` gathered from `probs` at the routed ids.

@@ -7,8 +7,9 @@ use burn::tensor::{Int, Tensor};
 use rlft_model::{Routing, TokenRouting, Transformer};
 use std::sync::{Arc, Mutex};
 
-/// Counts of recorded (token, sparse layer) pairs over the passes of a batch.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// Counts of recorded (token, sparse layer) pairs over the passes of a batch, and their
+/// load-balancing losses.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct RoutingStats {
     /// Recorded pairs seen.
     pub pairs: u64,
@@ -16,6 +17,10 @@ pub struct RoutingStats {
     pub mismatched: u64,
     /// Pairs whose router's own top-k differs from the record.
     pub drifted: u64,
+    /// Sum of the passes' load-balancing losses (with a coefficient set).
+    pub aux_loss_sum: f64,
+    /// Passes that computed one.
+    pub aux_losses: u64,
 }
 
 impl RoutingStats {
@@ -24,6 +29,13 @@ impl RoutingStats {
         self.pairs += other.pairs;
         self.mismatched += other.mismatched;
         self.drifted += other.drifted;
+        self.aux_loss_sum += other.aux_loss_sum;
+        self.aux_losses += other.aux_losses;
+    }
+
+    /// The mean load-balancing loss of the passes; `None` without one.
+    pub fn aux_loss(&self) -> Option<f64> {
+        (self.aux_losses > 0).then(|| self.aux_loss_sum / self.aux_losses as f64)
     }
 
     /// `(mismatch, drift)` fractions; `None` without pairs.
@@ -44,7 +56,11 @@ pub(super) struct PackedRouting {
     /// Whether each packed token has a record.
     recorded: Vec<bool>,
     replay: bool,
+    /// Coefficient of the load-balancing loss (0: none).
+    aux_coef: f64,
     stats: Mutex<RoutingStats>,
+    /// The last pass's load-balancing loss, times its coefficient, in the pass's graph.
+    aux: Mutex<Option<Tensor<1>>>,
 }
 
 impl LearnerBatch {
@@ -54,7 +70,18 @@ impl LearnerBatch {
     /// their routing differs from the record ([`LearnerBatch::take_routing_stats`]). Rows whose
     /// records do not fit the model (another number of sparse layers or experts per token) are
     /// ignored, as are tokens past a record's end.
-    pub fn with_routing(mut self, rows: &[Option<&TokenRouting>], replay: bool) -> Self {
+    ///
+    /// With `aux_coef` > 0 each pass also computes transformers' load-balancing loss
+    /// (`load_balancing_loss_func`: E · Σₑ fₑ · Pₑ over the real tokens of all sparse layers, fₑ
+    /// the share of routed slots that went to expert e — the experts used, the replayed ones
+    /// under replay — and Pₑ its mean router probability), times `aux_coef`, for the caller to
+    /// add to its loss ([`LearnerBatch::take_aux_loss`]).
+    pub fn with_routing(
+        mut self,
+        rows: &[Option<&TokenRouting>],
+        replay: bool,
+        aux_coef: f64,
+    ) -> Self {
         let Some(shape) = rows.iter().flatten().next().map(|r| (r.layers, r.k)) else {
             return self;
         };
@@ -86,8 +113,23 @@ impl LearnerBatch {
             record,
             recorded,
             replay,
+            aux_coef,
             stats: Mutex::new(RoutingStats::default()),
+            aux: Mutex::new(None),
         }));
+        self
+    }
+
+    /// The load-balancing loss term (coefficient applied) of the batch's last pass, in its
+    /// autodiff graph; `None` without one.
+    pub fn take_aux_loss(&self) -> Option<Tensor<1>> {
+        let r = self.routing.as_ref()?;
+        r.aux.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// The same batch without a routing record (passes route with their own router).
+    pub fn without_routing(mut self) -> Self {
+        self.routing = None;
         self
     }
 
@@ -106,19 +148,70 @@ impl LearnerBatch {
             return model.hidden_at(&input, positions);
         };
         let replay = r.replay.then_some(&r.record[..]);
-        let (h, own) = model.hidden_at_routed(&input, positions, replay);
+        let (h, trace) = model.hidden_at_traced(&input, positions, replay);
         let mut stats = RoutingStats::default();
-        for (rec, own) in r.record.iter().zip(&own) {
+        for ((rec, own), used) in r.record.iter().zip(&trace.own).zip(&trace.used) {
             for (t, _) in r.recorded.iter().enumerate().filter(|(_, on)| **on) {
                 stats.pairs += 1;
-                let drifted = !rec.same_set(own, t);
-                stats.drifted += u64::from(drifted);
-                stats.mismatched += u64::from(drifted && !r.replay);
+                stats.drifted += u64::from(!rec.same_set(own, t));
+                stats.mismatched += u64::from(!rec.same_set(used, t));
+            }
+        }
+        if r.aux_coef > 0.0 {
+            let real: Vec<i64> = (0..self.segments.len())
+                .filter(|&s| self.segments[s] >= 0)
+                .map(|s| s as i64)
+                .collect();
+            if let Some(aux) = load_balancing_loss(&trace, &real, &self.device) {
+                stats.aux_loss_sum += f64::from(aux.clone().into_scalar::<f32>());
+                stats.aux_losses += 1;
+                *r.aux.lock().unwrap_or_else(|e| e.into_inner()) = Some(aux * r.aux_coef);
             }
         }
         r.stats.lock().unwrap_or_else(|e| e.into_inner()).add(stats);
         h
     }
+}
+
+/// transformers' `load_balancing_loss_func` over the tokens `real` of every sparse layer of a
+/// pass: `E · Σₑ fₑ · Pₑ`, `[1]`; `None` without sparse layers or tokens.
+fn load_balancing_loss(
+    trace: &rlft_model::RouterTrace,
+    real: &[i64],
+    device: &burn::tensor::Device,
+) -> Option<Tensor<1>> {
+    let e = trace.probs.first()?.dims()[1];
+    let n = (real.len() * trace.probs.len()) as f64;
+    if n == 0.0 {
+        return None;
+    }
+    let idx = Tensor::<1, Int>::from_data(
+        burn::tensor::TensorData::new(real.to_vec(), [real.len()]),
+        device,
+    );
+    let mut counts = vec![0f32; e];
+    let mut prob_sum: Option<Tensor<1>> = None;
+    for (probs, used) in trace.probs.iter().zip(&trace.used) {
+        for &t in real {
+            for &x in used.token(t as usize) {
+                counts[x as usize] += 1.0;
+            }
+        }
+        let s = probs.clone().select(0, idx.clone()).sum_dim(0).reshape([e]);
+        prob_sum = Some(match prob_sum {
+            Some(acc) => acc + s,
+            None => s,
+        });
+    }
+    let f = Tensor::<1>::from_data(
+        burn::tensor::TensorData::new(
+            counts.iter().map(|c| c / n as f32).collect::<Vec<f32>>(),
+            [e],
+        ),
+        device,
+    );
+    let p = prob_sum? / n;
+    Some((p * f).sum() * e as f64)
 }
 
 #[cfg(test)]
@@ -190,7 +283,8 @@ mod tests {
             .map(|(s, p)| (&s[..], p.len()))
             .collect();
         let records: Vec<Option<&TokenRouting>> = done.iter().map(|c| c.routing.as_ref()).collect();
-        let batch = |replay| LearnerBatch::new(&rows, 0, &device).with_routing(&records, replay);
+        let batch =
+            |replay| LearnerBatch::new(&rows, 0, &device).with_routing(&records, replay, 0.0);
 
         // Unmoved, the learner routes as the sampler did.
         let b = batch(false);
@@ -259,7 +353,7 @@ mod tests {
         // The router keeps a gradient under replay.
         let ad = Device::flex().autodiff();
         let moved = perturbed(&cfg.init_seeded(&ad, 5), scale);
-        let replayed = LearnerBatch::new(&rows, 0, &ad).with_routing(&records, true);
+        let replayed = LearnerBatch::new(&rows, 0, &ad).with_routing(&records, true, 0.0);
         let grads = replayed.logprobs(&moved, None).unwrap().sum().backward();
         let gate = moved
             .layers
@@ -270,6 +364,56 @@ mod tests {
             .weight
             .grad(&grads)
             .expect("router gradient");
+        assert!(gate.abs().sum().into_scalar::<f32>() > 0.0);
+    }
+
+    /// With every expert chosen (k = E) each fₑ is 1 and the Pₑ sum to 1, so transformers'
+    /// load-balancing loss is exactly E; its term reaches the router's gradient.
+    #[test]
+    fn load_balancing_loss_is_e_when_every_expert_is_chosen() {
+        let ad = Device::flex().autodiff();
+        let cfg = TransformerConfig::new(40, 16, 24, 2, 2, 1, 8)
+            .with_model_type("qwen3_moe".into())
+            .with_qk_norm(true)
+            .with_moe(Some(MoeConfig::new(3, 3, 8)));
+        let model = cfg.init_seeded(&ad, 2);
+        let seqs: Vec<Vec<u32>> = vec![vec![1, 2, 3, 4, 5], vec![6, 7, 8]];
+        let rows: Vec<(&[u32], usize)> = seqs.iter().map(|s| (&s[..], 2)).collect();
+        let record = TokenRouting {
+            layers: 2,
+            k: 3,
+            ids: (0..5 * 2).flat_map(|_| [2u16, 0, 1]).collect(),
+        };
+        let records = [Some(&record), Some(&record)];
+        let batch = LearnerBatch::new(&rows, 0, &ad).with_routing(&records, true, 0.5);
+        batch.logprobs(&model, None).unwrap();
+        let aux = batch.take_aux_loss().expect("an aux term");
+        let v = aux.clone().into_scalar::<f32>();
+        assert!((v - 0.5 * 3.0).abs() < 1e-5, "{v}");
+        let stats = batch.take_routing_stats().unwrap();
+        assert!((stats.aux_loss().unwrap() - 3.0).abs() < 1e-5);
+        // A second aux term of a 2-of-3 router moves the router.
+        let cfg2 = cfg.clone().with_moe(Some(MoeConfig::new(3, 2, 8)));
+        let model = cfg2.init_seeded(&ad, 2);
+        let batch = LearnerBatch::new(&rows, 0, &ad).with_routing(&records[..0], false, 1.0);
+        assert!(batch.take_aux_loss().is_none(), "no record, no term");
+        let record2 = TokenRouting {
+            layers: 2,
+            k: 2,
+            ids: (0..5 * 2).flat_map(|_| [0u16, 1]).collect(),
+        };
+        let batch = LearnerBatch::new(&rows, 0, &ad).with_routing(&[Some(&record2); 2], false, 1.0);
+        let _ = batch.logprobs(&model, None).unwrap();
+        let grads = batch.take_aux_loss().unwrap().backward();
+        let gate = model
+            .layers
+            .iter()
+            .find_map(|l| l.mlp.experts())
+            .unwrap()
+            .gate
+            .weight
+            .grad(&grads)
+            .expect("router gradient from the aux loss");
         assert!(gate.abs().sum().into_scalar::<f32>() > 0.0);
     }
 }
