@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
 use rlft_model::{
-    DECODE_ROWS, ForwardInput, HostKvCache, HostWeights, KvCache, Routing, TokenRouting, Tokenizer,
+    DECODE_ROWS, ForwardInput, HostKvCache, HostWeights, KvCache, TokenRouting, Tokenizer,
     Transformer,
 };
 use serde::{Deserialize, Serialize};
@@ -23,6 +23,9 @@ use std::collections::HashMap;
 mod config;
 mod device;
 mod host;
+mod routing;
+
+use routing::{Recorded, record_routing, sparse_shape};
 
 pub use config::{SampleOn, SamplingConfig};
 pub use device::draw_on_device;
@@ -598,53 +601,6 @@ enum StepLogits {
 
 /// Sequences left-padded into one prefill input (positions from 0 at each sequence's first
 /// real token; an attention mask when their lengths differ).
-/// A mixture of experts' sparse layer count and experts per token; `None` for a dense model.
-fn sparse_shape(model: &Transformer) -> Option<(usize, usize)> {
-    let sparse: Vec<_> = model
-        .layers
-        .iter()
-        .filter_map(|l| l.mlp.experts())
-        .collect();
-    let first = sparse.first()?;
-    Some((sparse.len(), first.top_k.min(first.experts.len())))
-}
-
-/// Which tokens a backend pass of the sampler forwarded, for [`record_routing`].
-enum Recorded<'a> {
-    /// The first prefill: one left-padded row per distinct prompt (`source[i]` is prompt `i`'s
-    /// row).
-    Prompts(&'a [usize], &'a [Vec<u32>]),
-    /// A prefill of each row's whole context (prompt + tokens so far), rows in order.
-    Contexts(&'a [Vec<u32>]),
-    /// One decode step: each row's last token.
-    Step,
-}
-
-/// Adds the routing of a backend pass `width` tokens wide to each row's record.
-fn record_routing(rows: &mut [Row], routing: &[Routing], width: usize, what: Recorded<'_>) {
-    for (i, row) in rows.iter_mut().enumerate() {
-        let Some(rec) = row.routing.as_mut() else {
-            continue;
-        };
-        match what {
-            Recorded::Step => rec.push_from(routing, i),
-            Recorded::Prompts(source, prompts) => {
-                let (u, len) = (source[row.index], prompts[row.index].len());
-                for t in width - len..width {
-                    rec.push_from(routing, u * width + t);
-                }
-            }
-            Recorded::Contexts(prompts) => {
-                let len = prompts[row.index].len() + row.tokens.len();
-                rec.truncate(0);
-                for t in width - len..width {
-                    rec.push_from(routing, i * width + t);
-                }
-            }
-        }
-    }
-}
-
 fn padded_input(
     seqs: &[impl AsRef<[u32]>],
     pad_id: u32,

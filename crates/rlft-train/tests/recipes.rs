@@ -152,7 +152,8 @@ fn every_recipe_runs_two_steps() {
             "grpo-smollm2-arith",
             "gspo-smollm2-arith",
             "ppo-critic-tiny",
-            "quickstart"
+            "quickstart",
+            "quickstart-moe"
         ]
     );
 }
