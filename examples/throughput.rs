@@ -12,7 +12,14 @@
 //! - `forward_tok_s`: 8 × 128 / median time of one no-autodiff forward producing full-vocabulary
 //!   logits at every position (random ids ≥ 17; the logits are summed and read back as one
 //!   scalar, as bench_hf.py does).
-//! - `peak_rss_mb`: the process's peak resident memory (`VmHWM`), after loading and all runs;
+//! - `read_bw_gb_s`: the memory read bandwidth this binary measures (one thread per core summing
+//!   its share of a 1 GiB buffer, median of 5 passes after a warm-up), and `decode_b8_bw_frac`:
+//!   the bytes of f32 weights a decode step reads (every weight but an untied embedding table)
+//!   per batch-8 step — the whole generate call's median time over `--new-tokens` steps, prefill
+//!   included — divided by that bandwidth: the fraction of the machine's read bandwidth a
+//!   decode step uses.
+//! - `peak_rss_mb`: the process's peak resident memory (`VmHWM`), after loading and all runs
+//!   (before the bandwidth pass);
 //!   `load_rss_mb` right after loading.
 //!
 //! With `--train`, the learner's figures replace the decode ones, measured as bench_hf.py's
@@ -45,6 +52,48 @@ reward minus the mean reward of its group, divided by the standard deviation. Th
 simple, cheap and surprisingly effective on arithmetic and coding tasks, where correctness can \
 be checked exactly. Variants change how the loss is averaged over tokens and sequences, how the \
 ratio is clipped, and whether a reference model is kept for a KL penalty.";
+
+/// Bytes of f32 weights one decode step reads: every parameter except an untied embedding
+/// table, of which a step reads only its tokens' rows.
+fn decode_weight_bytes(model: &rlft::model::Transformer) -> usize {
+    use burn::module::Module;
+    let embed = model.embed_tokens.weight.dims();
+    let untied = model.lm_head.is_some();
+    4 * (model.num_params() - if untied { embed[0] * embed[1] } else { 0 })
+}
+
+/// Read bandwidth in bytes/s: one thread per core sums its share of a 1 GiB buffer; the
+/// median of 5 passes after one warm-up pass.
+fn read_bandwidth() -> f64 {
+    let buf: Vec<f32> = (0..(1usize << 28)).map(|i| (i % 7) as f32).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = buf.len().div_ceil(threads);
+    let pass = || {
+        let t = Instant::now();
+        let s: f32 = std::thread::scope(|scope| {
+            let parts: Vec<_> = buf
+                .chunks(share)
+                .map(|c| {
+                    scope.spawn(move || {
+                        // 16 independent lanes, so the adds vectorise and the loads, not the
+                        // add latency, bound the pass.
+                        let lanes = c.chunks_exact(16).fold([0.0f32; 16], |mut acc, x| {
+                            acc.iter_mut().zip(x).for_each(|(a, v)| *a += v);
+                            acc
+                        });
+                        lanes.iter().sum::<f32>()
+                    })
+                })
+                .collect();
+            parts.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+        });
+        std::hint::black_box(s);
+        t.elapsed().as_secs_f64()
+    };
+    pass();
+    let times: Vec<f64> = (0..5).map(|_| pass()).collect();
+    (buf.len() * 4) as f64 / median(times)
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -133,6 +182,14 @@ fn main() -> Result<()> {
         out["decode_tok_s_b8"] = ((decode[1] * 10.0).round() / 10.0).into();
     }
     out["peak_rss_mb"] = common::peak_rss_mb().round().into();
+    if !args.flag("train") {
+        // After the peak RSS is read: the bandwidth buffer is not the model's memory.
+        let bw = read_bandwidth();
+        let step_s = 8.0 / decode[1];
+        let frac = decode_weight_bytes(&p.model) as f64 / step_s / bw;
+        out["read_bw_gb_s"] = ((bw / 1e8).round() / 10.0).into();
+        out["decode_b8_bw_frac"] = ((frac * 1000.0).round() / 1000.0).into();
+    }
     if args.flag("json") {
         println!("{out}");
     } else {
