@@ -95,6 +95,43 @@ fn architecture(config: &TransformerConfig) -> Result<&'static str> {
             "llama.cpp's llama architecture has no q/k norms, and this model uses them".into(),
         );
     }
+    // Settings of other families, set on one of these (a configuration built in code).
+    let base = TransformerConfig::new(1, 1, 1, 1, 1, 1, 2);
+    let extra = [
+        ("a sliding window", config.sliding_window.is_some()),
+        ("experts", config.moe.is_some()),
+        (
+            "norms placed otherwise",
+            config.norm_placement != base.norm_placement,
+        ),
+        (
+            "(1 + w) norms or whole-projection q/k norms",
+            config.norm_unit_offset || config.qk_norm_whole,
+        ),
+        ("GeGLU", config.activation != base.activation),
+        (
+            "embedding, attention, residual or logit multipliers",
+            config.embedding_multiplier != 1.0
+                || config.attention_multiplier.is_some()
+                || config.residual_multiplier != 1.0
+                || config.logits_scaling != 1.0,
+        ),
+        (
+            "soft-caps",
+            config.attn_logit_softcapping.is_some() || config.final_logit_softcapping.is_some(),
+        ),
+        (
+            "partial, linear-scaled or per-layer RoPE",
+            config.partial_rotary_factor != 1.0
+                || config.rope_linear_factor.is_some()
+                || config.rope_local_theta.is_some(),
+        ),
+    ];
+    if let Some((what, _)) = extra.iter().find(|(_, on)| *on) {
+        return refuse(format!(
+            "this {arch} model uses {what}, which llama.cpp's {arch} architecture cannot express"
+        ));
+    }
     Ok(arch)
 }
 
@@ -395,5 +432,12 @@ mod tests {
         assert!(e.contains("llama, qwen2 and qwen3"), "{e}");
         let cfg = cfg.with_model_type("llama".into()).with_qk_norm(true);
         assert!(architecture(&cfg).is_err());
+        let plain = TransformerConfig::new(16, 8, 16, 1, 2, 1, 4).with_model_type("qwen2".into());
+        assert_eq!(architecture(&plain).unwrap(), "qwen2");
+        let windowed = plain.clone().with_sliding_window(Some(4));
+        let e = architecture(&windowed).unwrap_err().to_string();
+        assert!(e.contains("sliding window"), "{e}");
+        let scaled = plain.with_logits_scaling(2.0);
+        assert!(architecture(&scaled).is_err());
     }
 }
