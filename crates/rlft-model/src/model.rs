@@ -218,7 +218,12 @@ impl Transformer {
 
     /// Whether any layer is a mixture of experts.
     pub fn is_moe(&self) -> bool {
-        self.layers.iter().any(|l| l.mlp.experts().is_some())
+        self.sparse_layers().next().is_some()
+    }
+
+    /// The mixture-of-experts blocks, in layer order.
+    pub fn sparse_layers(&self) -> impl Iterator<Item = &SparseMoe> {
+        self.layers.iter().filter_map(|l| l.mlp.experts())
     }
 
     /// Final hidden states `[batch, L, d]` and the routing of each sparse layer (in layer

@@ -214,8 +214,13 @@ pub fn chunked_backward<T, E: From<rlft_algo::AlgoError>>(
         .map(|x| x.reshape([t]));
     drop(g);
     if g_lp.is_none() && g_ent.is_none() {
-        // The loss does not depend on the policy: no gradient, as in the one-pass graph.
-        return Ok((GradientsParams::new(), out.extra));
+        // The loss does not depend on the policy: no gradient but a mixture of experts'
+        // load-balancing term, as in the one-pass graph.
+        let grads = match batch.take_aux_loss() {
+            Some(aux) => GradientsParams::from_grads(aux.backward(), model),
+            None => GradientsParams::new(),
+        };
+        return Ok((grads, out.extra));
     }
     let g_lp = g_lp.unwrap_or_else(zeros);
     // 4. Per chunk: the head's gradient and ∂L/∂h.

@@ -6,11 +6,7 @@ use rlft_model::{Routing, Transformer};
 
 /// A mixture of experts' sparse layer count and experts per token; `None` for a dense model.
 pub(super) fn sparse_shape(model: &Transformer) -> Option<(usize, usize)> {
-    let sparse: Vec<_> = model
-        .layers
-        .iter()
-        .filter_map(|l| l.mlp.experts())
-        .collect();
+    let sparse: Vec<_> = model.sparse_layers().collect();
     let first = sparse.first()?;
     Some((sparse.len(), first.top_k.min(first.experts.len())))
 }
@@ -198,15 +194,10 @@ mod tests {
         let moved = perturbed(&cfg.init_seeded(&ad, 5), scale);
         let replayed = LearnerBatch::new(&rows, 0, &ad).with_routing(&records, true, 0.0);
         let grads = replayed.logprobs(&moved, None).unwrap().sum().backward();
-        let gate = moved
-            .layers
-            .iter()
-            .find_map(|l| l.mlp.experts())
-            .unwrap()
-            .gate
-            .weight
-            .grad(&grads)
-            .expect("router gradient");
-        assert!(gate.abs().sum().into_scalar::<f32>() > 0.0);
+        let gates = moved
+            .sparse_layers()
+            .filter_map(|m| m.gate.weight.grad(&grads));
+        let total: f32 = gates.map(|g| g.abs().sum().into_scalar::<f32>()).sum();
+        assert!(total > 0.0, "router gradient");
     }
 }
