@@ -448,13 +448,15 @@ impl DecoderLayer {
             NormPlacement::Pre => {
                 let h = x + scaled(a);
                 let m = ff(&self.mlp, self.post_attention_layernorm.forward(h.clone()));
-                h.clone() + scaled(m)
+                h + scaled(m)
             }
-            placement => {
+            // Sandwich and post-norm: the attention norm sits on its output; a sandwich layer
+            // also norms the MLP's input.
+            NormPlacement::Sandwich | NormPlacement::Post => {
                 let h = x + scaled(self.post_attention_layernorm.forward(a));
-                let m_in = match (&self.pre_feedforward_layernorm, placement) {
-                    (Some(n), NormPlacement::Sandwich) => n.forward(h.clone()),
-                    _ => h.clone(),
+                let m_in = match &self.pre_feedforward_layernorm {
+                    Some(n) => n.forward(h.clone()),
+                    None => h.clone(),
                 };
                 let m = ff(&self.mlp, m_in);
                 let m = match &self.post_feedforward_layernorm {

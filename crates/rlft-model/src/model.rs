@@ -350,16 +350,20 @@ impl Transformer {
             }
             mask = mask.bool_or(other.unsqueeze_dim::<4>(1));
         }
-        // Sliding layers: keys at most `w - 1` positions back in the query's own sequence.
-        let key_positions = match cache.as_mut().and_then(|c| c.positions.take()) {
-            Some(old) => Tensor::cat(vec![old, input.position_ids.clone()], 1),
-            None => input.position_ids.clone(),
-        };
+        // Sliding layers: keys at most `w - 1` positions back in the query's own sequence. Only
+        // a model with windows keeps its keys' positions in the cache.
         let mut windows: Vec<(usize, Tensor<4, Bool>)> = Vec::new();
+        let mut key_positions = None;
         for w in self.layers.iter().filter_map(|l| l.self_attn.window) {
+            let keys = key_positions.get_or_insert_with(|| {
+                match cache.as_mut().and_then(|c| c.positions.take()) {
+                    Some(old) => Tensor::cat(vec![old, input.position_ids.clone()], 1),
+                    None => input.position_ids.clone(),
+                }
+            });
             if windows.iter().all(|(v, _)| *v != w) {
                 let q = input.position_ids.clone().unsqueeze_dim::<3>(2);
-                let k = key_positions.clone().unsqueeze_dim::<3>(1);
+                let k = keys.clone().unsqueeze_dim::<3>(1);
                 let far = (q.expand([b, l, total]) - k.expand([b, l, total]))
                     .greater_equal_elem(w as i64);
                 windows.push((w, mask.clone().bool_or(far.unsqueeze_dim::<4>(1))));
@@ -367,7 +371,7 @@ impl Transformer {
         }
         if let Some(c) = cache.as_mut() {
             c.mask = Some(key_mask);
-            c.positions = Some(key_positions);
+            c.positions = key_positions;
             c.len = total;
             c.layers.resize_with(self.layers.len(), || None);
         }
@@ -385,11 +389,9 @@ impl Transformer {
                     .map_or(&mask, |(_, m)| m),
                 None => &mask,
             };
-            x = match (&layer.mlp, routes.as_deref_mut()) {
-                (FeedForward::Experts(_), Some(r)) => {
-                    layer.forward_ff(x, (cos, sin), mask, slot, |ff, h| r.run(ff, h))
-                }
-                _ => layer.forward(x, (cos, sin), mask, slot),
+            x = match routes.as_deref_mut() {
+                Some(r) => layer.forward_ff(x, (cos, sin), mask, slot, |ff, h| r.run(ff, h)),
+                None => layer.forward(x, (cos, sin), mask, slot),
             };
         }
         self.norm.forward(x)
@@ -414,7 +416,7 @@ impl<'a> Routes<'a> {
         }
     }
 
-    /// Runs a sparse layer's block, replaying or recording its routing.
+    /// Runs a layer's feed-forward block, replaying or recording a sparse one's routing.
     fn run(&mut self, ff: &FeedForward, h: Tensor<3>) -> Tensor<3> {
         let FeedForward::Experts(moe) = ff else {
             return ff.forward(h);

@@ -208,12 +208,8 @@ impl SparseMoe {
     /// # Shapes
     /// - `x`: `[batch, L, d]` → `[batch, L, d]`
     pub fn forward_routed(&self, x: Tensor<3>) -> (Tensor<3>, Routing) {
-        let [b, l, d] = x.dims();
-        let rows = x.reshape([b * l, d]);
-        let probs = self.router_probs(rows.clone());
-        let routing = self.top_k_of(&probs);
-        let y = self.combine(rows, probs, &routing);
-        (y.reshape([b, l, d]), routing)
+        let t = self.forward_traced(x, None);
+        (t.output, t.own)
     }
 
     /// The block's output with the experts given by `routing` (router replay): the routing
