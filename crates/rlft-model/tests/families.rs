@@ -153,23 +153,23 @@ fn re_export_reproduces_config_and_tensors() {
     }
 }
 
-/// LoRA on the fused projections of Phi-3 (`qkv_proj`, `gate_up_proj`) and on Mixtral's experts
-/// (`w1`, `w3`): the adapted model starts as the base, trains, and its merged export (fused and
-/// renamed again) reloads to the adapted model's logits.
+/// LoRA on every family: the fused projections of Phi-3 (`qkv_proj`, `gate_up_proj`), Mixtral's
+/// experts (`w1`, `w3`), and the attention and MLP projections of the others (Qwen3-MoE's
+/// experts included): the adapted model starts as the base, trains, and its merged export
+/// (fused and renamed again) reloads to the adapted model's logits.
 #[test]
-fn lora_on_fused_and_expert_projections_merges_on_export() {
+fn lora_on_every_family_merges_on_export() {
     use burn::optim::{GradientsParams, SgdConfig};
     use rlft_model::LoraConfig;
     let ad = Device::flex().autodiff();
-    for (name, targets) in [
-        ("tiny-phi3", vec!["qkv_proj", "gate_up_proj"]),
-        ("tiny-mixtral", vec!["w1", "w3", "o_proj"]),
-    ] {
-        let dir = family_fixtures().join(name);
-        if !dir.exists() {
-            continue;
-        }
+    for dir in dirs() {
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("?");
         let p = Pretrained::load(&dir, &ad, DType::F32).unwrap_or_else(|e| panic!("{e}"));
+        let targets = match p.config.model_type.as_str() {
+            "phi3" => vec!["qkv_proj", "gate_up_proj"],
+            "mixtral" => vec!["w1", "w3", "o_proj"],
+            _ => vec!["q_proj", "v_proj", "gate_proj", "down_proj"],
+        };
         let input = ForwardInput::new(int2(vec![5, 17, 42, 7], [1, 4], &ad));
         let base = to_vec(p.model.forward(&input));
         let lora = LoraConfig::new(2, 4.0)

@@ -5,7 +5,7 @@
 use crate::Pretrained;
 use crate::dequant::GgmlType;
 use crate::gguf::GgufWriter;
-use crate::gguf::names::{ROPE_FREQS, gguf_name, permute_rows};
+use crate::gguf::names::{NormNames, ROPE_FREQS, gguf_name, permute_rows};
 use crate::gguf::writer::Q8_0_BLOCK;
 use crate::model::Transformer;
 use crate::tokenizer::{GGUF_PRES, gguf_pre_tokenizer};
@@ -368,7 +368,7 @@ impl Transformer {
                 Some(h) => permute_rows(&values, h, if shape.len() == 2 { shape[1] } else { 1 }),
                 None => values,
             };
-            let gname = gguf_name(&name).ok_or_else(|| {
+            let gname = gguf_name(&name, NormNames::Llama).ok_or_else(|| {
                 ModelError::Export(format!("tensor {name} has no llama.cpp name"))
             })?;
             w.tensor(&gname, &shape, ty.storage(&shape), &values);

@@ -1,21 +1,93 @@
 //! GGUF files seen through Hugging Face names: llama.cpp's tensor naming with its q/k row
-//! permutation undone, the architecture from the metadata, and the Llama 3 RoPE scaling that
-//! llama.cpp's converter stores as per-frequency divisors (`rope_freqs.weight`).
+//! permutation undone, Gemma's norm offset taken back out, experts unstacked, the architecture
+//! from the metadata (the families beyond Llama and Qwen through their `config.json` form,
+//! see [`family`]), and the Llama 3 RoPE scaling that llama.cpp's converter stores as
+//! per-frequency divisors (`rope_freqs.weight`).
 
+use super::names::on_disk;
 use super::{WeightSource, build, check_shape, missing};
-use crate::gguf::names::{ROPE_FREQS, gguf_name, hf_name, unpermute_rows};
+use crate::config::{NormPlacement, WeightLayout};
+use crate::gguf::names::{
+    NormNames, ROPE_FREQS, expert_names, expert_slot, gguf_name, hf_name, unpermute_rows,
+};
 use crate::gguf::{GgufFile, GgufValue};
 use crate::model::Transformer;
 use crate::rope::{LLAMA3_ORIGINAL_CONTEXT, divide};
 use crate::{Llama3RopeScaling, ModelError, Result, TransformerConfig};
 use burn::tensor::{DType, Device};
+use std::cell::RefCell;
 use std::path::Path;
+
+mod family;
+
+/// The `general.architecture`s rlft loads.
+pub(crate) const GGUF_ARCHITECTURES: [&str; 10] = [
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite",
+    "qwen3moe",
+];
 
 /// A GGUF file seen through HF names.
 struct GgufSource<'a> {
     file: &'a GgufFile,
+    cfg: &'a TransformerConfig,
     /// `(query heads, kv heads)` when q/k rows are stored in llama.cpp's permuted order.
     permuted: Option<(usize, usize)>,
+    norms: NormNames,
+    /// What llama.cpp's converter added to every norm weight (1 for Gemma's `1 + w` norms).
+    norm_shift: f32,
+    /// Experts per sparse layer and whether they take Mixtral's names.
+    experts: Option<(usize, bool)>,
+    /// The stacked expert tensor read last: experts are requested one by one.
+    stacked: RefCell<Option<Stacked>>,
+}
+
+/// A stacked expert tensor: its GGUF name, shape and values.
+type Stacked = (String, Vec<usize>, Vec<f32>);
+
+impl<'a> GgufSource<'a> {
+    fn new(file: &'a GgufFile, cfg: &'a TransformerConfig, arch: &str) -> Self {
+        // llama.cpp's converter permutes q/k rows for `llama` (Mixtral included) and for
+        // Granite, whose converter is Llama's.
+        let permuted =
+            matches!(arch, "llama" | "granite").then_some((cfg.num_heads, cfg.num_kv_heads));
+        let norms = match cfg.norm_placement {
+            NormPlacement::Pre => NormNames::Llama,
+            NormPlacement::Sandwich | NormPlacement::Post => NormNames::PostNorms,
+        };
+        GgufSource {
+            file,
+            cfg,
+            permuted,
+            norms,
+            norm_shift: if cfg.norm_unit_offset { 1.0 } else { 0.0 },
+            experts: cfg
+                .moe
+                .as_ref()
+                .map(|m| (m.num_experts, cfg.weight_layout() == WeightLayout::Mixtral)),
+            stacked: RefCell::new(None),
+        }
+    }
+
+    /// Expert `e` of the stacked tensor `gname`, whose experts are `shape`.
+    fn expert(&self, gname: &str, e: usize, shape: &[usize]) -> Result<Vec<f32>> {
+        let mut cache = self.stacked.borrow_mut();
+        if cache.as_ref().is_none_or(|(n, _, _)| n != gname) {
+            let (got, values) = self
+                .file
+                .read_f32(gname)
+                .ok_or_else(|| missing(gname, shape, self.root()))?;
+            *cache = Some((gname.to_string(), got, values));
+        }
+        let Some((_, got, values)) = cache.as_ref() else {
+            return Err(missing(gname, shape, self.root()));
+        };
+        let experts = self.experts.map_or(0, |(n, _)| n);
+        let mut want = vec![experts];
+        want.extend_from_slice(shape);
+        check_shape(gname, got, &want)?;
+        let n: usize = shape.iter().product();
+        Ok(values[e * n..(e + 1) * n].to_vec())
+    }
 }
 
 impl WeightSource for GgufSource<'_> {
@@ -27,17 +99,39 @@ impl WeightSource for GgufSource<'_> {
         self.file
             .tensors
             .keys()
-            .map(|g| hf_name(g).unwrap_or_else(|| g.clone()))
+            .flat_map(|g| {
+                if let Some(h) = hf_name(g, self.norms) {
+                    // In the family's own naming (Mixtral's router is `block_sparse_moe.gate`).
+                    return match h.strip_suffix(".weight") {
+                        Some(prefix) => vec![format!("{}.weight", on_disk(self.cfg, prefix).0)],
+                        None => vec![h],
+                    };
+                }
+                match self.experts {
+                    Some((n, mixtral)) => {
+                        expert_names(g, n, mixtral).unwrap_or_else(|| vec![g.clone()])
+                    }
+                    None => vec![g.clone()],
+                }
+            })
             .collect()
     }
 
     fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let gname = gguf_name(name).ok_or_else(|| missing(name, shape, self.root()))?;
-        let (got, values) = self
+        if self.experts.is_some()
+            && let Some((gname, e)) = expert_slot(name)
+        {
+            return self.expert(&gname, e, shape);
+        }
+        let gname = gguf_name(name, self.norms).ok_or_else(|| missing(name, shape, self.root()))?;
+        let (got, mut values) = self
             .file
             .read_f32(&gname)
             .ok_or_else(|| missing(&gname, shape, self.root()))?;
         check_shape(&gname, &got, shape)?;
+        if self.norm_shift != 0.0 && name.ends_with("norm.weight") {
+            values.iter_mut().for_each(|v| *v -= self.norm_shift);
+        }
         let heads = match (self.permuted, name) {
             (Some((h, _)), n) if n.contains("self_attn.q_proj") => Some(h),
             (Some((_, kv)), n) if n.contains("self_attn.k_proj") => Some(kv),
@@ -62,13 +156,11 @@ impl Transformer {
         dtype: DType,
     ) -> Result<(Self, TransformerConfig)> {
         let cfg = TransformerConfig::from_gguf(file)?;
-        // llama.cpp's converter permutes q/k rows for the `llama` architecture only.
         let arch = file
             .get("general.architecture")
             .and_then(GgufValue::as_str)
             .unwrap_or_default();
-        let permuted = (arch == "llama").then_some((cfg.num_heads, cfg.num_kv_heads));
-        let source = GgufSource { file, permuted };
+        let source = GgufSource::new(file, &cfg, arch);
         let mut model = build(&cfg, &source, device, dtype, &[ROPE_FREQS])?;
         // Llama 3 GGUFs carry the rope scaling as per-frequency divisors: the model uses them
         // as they are; `cfg.rope_scaling` holds the parameters they were computed from.
@@ -81,7 +173,8 @@ impl Transformer {
 
 impl TransformerConfig {
     /// The architecture described by a GGUF file's metadata (`general.architecture` =
-    /// `llama`, `mistral`, `qwen2` or `qwen3`).
+    /// `llama` (Mixtral when it has experts), `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3`,
+    /// `phi3`, `olmo2`, `granite` or `qwen3moe`).
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let err = |msg: String| ModelError::Config {
             path: file.path().into(),
@@ -91,11 +184,19 @@ impl TransformerConfig {
             .require("general.architecture")?
             .as_str()
             .ok_or_else(|| err("general.architecture is not a string".into()))?;
+        if let Some(model_type) = family::model_type(file, arch) {
+            let json = family::config_json(file, arch, model_type)?;
+            return Self::from_hf_json(&json.to_string()).map_err(|e| match e {
+                ModelError::Config { msg, .. } => err(msg),
+                other => other,
+            });
+        }
         let model_type = match arch {
             "llama" | "mistral" | "qwen2" | "qwen3" => arch,
             other => {
                 return Err(err(format!(
-                    "GGUF architecture '{other}' is not supported; supported: llama, mistral, qwen2, qwen3"
+                    "GGUF architecture '{other}' is not supported; supported: {}",
+                    GGUF_ARCHITECTURES.join(", ")
                 )));
             }
         };

@@ -52,7 +52,7 @@ fn write_gguf(path: &Path, cfg: &TransformerConfig, model: &Transformer, divisor
         } else {
             permute_rows(&values, heads, shape[1])
         };
-        let gguf = gguf_name(&name).expect("GGUF name");
+        let gguf = gguf_name(&name, NormNames::Llama).expect("GGUF name");
         w.tensor(&gguf, &shape, GgmlType::F32, &values);
     }
     w.tensor(ROPE_FREQS, &[divisors.len()], GgmlType::F32, divisors);
