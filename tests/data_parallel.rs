@@ -193,6 +193,44 @@ fn ranks_with_a_critic_and_on_another_backend() {
     assert!((v1 - v2).abs() <= 1e-5 * (1.0 + v1.abs()), "{v1} vs {v2}");
 }
 
+/// Ranks on their own threads (`distributed.threads_per_rank`) give the same weights run after
+/// run, bit for bit, and the step of one rank with every row.
+#[test]
+fn ranks_on_their_own_threads_are_reproducible() {
+    let _serial = serial();
+    let one = one_step(&[], &[]);
+    for threads in [1, 2] {
+        let sets = [format!("distributed.threads_per_rank={threads}")];
+        let a = one_step(&sets, &["flex", "flex"]);
+        let b = one_step(&sets, &["flex", "flex"]);
+        assert_eq!(a.after, b.after, "{threads} threads per rank: run to run");
+        let diff = max_diff(&one.after, &a.after);
+        println!("2 ranks × {threads} threads: max |Δθ| vs 1 rank {diff:.2e}");
+        assert!(diff <= 1e-5, "{threads} threads per rank: {diff}");
+    }
+}
+
+/// `distributed.threads_per_rank` without ranks, or of 0, is refused naming the key.
+#[test]
+fn threads_per_rank_needs_ranks_and_threads() {
+    for (text, want) in [
+        (
+            "[distributed]\nthreads_per_rank = 2\n",
+            "two or more distributed.devices",
+        ),
+        (
+            "[distributed]\ndevices = [\"flex\", \"flex\"]\nthreads_per_rank = 0\n",
+            "between 1 and 1024",
+        ),
+    ] {
+        let err = Recipe::from_toml_str(text, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("distributed.threads_per_rank") && err.contains(want),
+            "{err}"
+        );
+    }
+}
+
 /// A `device` other than the first rank's is refused, naming both keys.
 #[test]
 fn device_must_be_the_first_rank() {

@@ -12,11 +12,13 @@
 //! after one step (lr 1e-3) that way, by 1.6e-6 with the sum (`tests/data_parallel.rs`). So
 //! `GlobalBatchInfo::dp_size` stays 1 here.
 //!
-//! The first rank's device holds the policy, the optimiser and the sum; the updated weights are
-//! forked to the other ranks for the next step. The ranks run in turn on the learner's thread,
-//! and the sum is taken on the first rank's device (through the host for CPU backends).
-//! Overlapping the ranks on several GPUs (a thread per rank and burn's `all_reduce` over NCCL)
-//! is not done yet (`docs/backends.md`).
+//! The first rank's device holds the policy, the optimiser and the sum; every other rank
+//! computes on its own fork of the step's weights ([`Module::fork`]), on its device or on the
+//! first rank's, so that no two ranks share an autodiff graph. The ranks run at once, each on
+//! its own thread with its own compute pool of `distributed.threads_per_rank` threads
+//! ([`RankPools`]), and the sum is taken in rank order on the first rank's device (through the
+//! host for CPU backends): it is bit for bit the sum of the same ranks run one after another.
+//! burn's collective `all_reduce` over NCCL is not used (`docs/backends.md`).
 //!
 //! [`GlobalBatchInfo`]: rlft_algo::aggregation::GlobalBatchInfo
 
@@ -34,6 +36,9 @@ pub struct DistributedSection {
     /// or the first of them.
     #[schemars(with = "Vec<String>")]
     pub devices: Vec<rlft_model::device::DeviceSpec>,
+    /// Compute threads of each rank's own pool (unset: the learner's threads, as
+    /// `async.learner_threads` or the machine's, divided among the ranks, at least one each).
+    pub threads_per_rank: Option<usize>,
 }
 
 impl DistributedSection {
@@ -56,6 +61,22 @@ impl DistributedSection {
         &self,
         device: rlft_model::device::DeviceSpec,
     ) -> std::result::Result<(), (&'static str, String)> {
+        if let Some(t) = self.threads_per_rank {
+            if !(1..=1024).contains(&t) {
+                return Err((
+                    "distributed.threads_per_rank",
+                    format!("is {t}; give each rank between 1 and 1024 threads"),
+                ));
+            }
+            if self.devices.len() < 2 {
+                return Err((
+                    "distributed.threads_per_rank",
+                    "applies to several learner ranks: list two or more distributed.devices, \
+                     or use async.learner_threads for one rank"
+                        .into(),
+                ));
+            }
+        }
         let Some(&first) = self.devices.first() else {
             return Ok(());
         };
@@ -74,6 +95,62 @@ impl DistributedSection {
             ));
         }
         Ok(())
+    }
+}
+
+/// One compute pool per learner rank, each rank's work running on a thread of its own.
+#[derive(Debug)]
+pub(crate) struct RankPools {
+    pools: Vec<rayon::ThreadPool>,
+}
+
+impl RankPools {
+    /// `ranks` pools of `threads` threads each.
+    pub(crate) fn new(
+        ranks: usize,
+        threads: usize,
+    ) -> std::result::Result<Self, rayon::ThreadPoolBuildError> {
+        let pools = (0..ranks)
+            .map(|r| crate::compute_pool(threads.max(1), move |k| format!("rlft-rank{r}-{k}")))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(Self { pools })
+    }
+
+    /// Threads of each rank's pool.
+    #[cfg(test)]
+    pub(crate) fn threads(&self) -> usize {
+        self.pools
+            .first()
+            .map_or(0, rayon::ThreadPool::current_num_threads)
+    }
+
+    /// Runs each `(rank, job)` in that rank's pool, all at once, each on a thread of its own;
+    /// the results in the jobs' order. A job that panics panics here, after the others end.
+    pub(crate) fn run<R: Send, F: FnOnce() -> R + Send>(&self, jobs: Vec<(usize, F)>) -> Vec<R> {
+        std::thread::scope(|s| {
+            let running: Vec<_> = jobs
+                .into_iter()
+                .map(|(rank, job)| {
+                    let pool = &self.pools[rank % self.pools.len()];
+                    s.spawn(move || pool.install(job))
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
+    }
+
+    /// As [`RankPools::run`], one job after another: what `run` must equal bit for bit.
+    #[cfg(test)]
+    pub(crate) fn run_in_turn<R: Send, F: FnOnce() -> R + Send>(
+        &self,
+        jobs: Vec<(usize, F)>,
+    ) -> Vec<R> {
+        jobs.into_iter()
+            .map(|(rank, job)| self.pools[rank % self.pools.len()].install(job))
+            .collect()
     }
 }
 
@@ -149,6 +226,44 @@ mod tests {
     struct Two {
         a: Param<Tensor<2>>,
         b: Param<Tensor<1>>,
+    }
+
+    /// Ranks on their own threads and forks give the sum of the same ranks run in turn, bit for
+    /// bit, through products large enough to be split across each pool's threads.
+    #[test]
+    fn concurrent_ranks_sum_to_the_sequential_sum() {
+        use burn::tensor::Distribution;
+        let device = Device::flex().autodiff();
+        let m = Two {
+            a: Param::from_tensor(Tensor::random([96, 80], Distribution::Default, &device)),
+            b: Param::from_tensor(Tensor::random([80], Distribution::Default, &device)),
+        };
+        let x: Vec<Tensor<2>> = (0..3)
+            .map(|k| Tensor::random([40 + 8 * k, 96], Distribution::Default, &device))
+            .collect();
+        let pools = RankPools::new(3, 2).expect("pools");
+        assert_eq!(pools.threads(), 2);
+        let jobs = || {
+            x.iter()
+                .enumerate()
+                .map(|(k, x)| {
+                    let fork = m.clone().fork(&device);
+                    (k, move || {
+                        let h = x.clone().matmul(fork.a.val()) + fork.b.val().unsqueeze();
+                        let loss = h.clone().mul(h.tanh()).sum();
+                        GradientsParams::from_grads(loss.backward(), &fork)
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
+        let host = |g: GradientsParams| {
+            let g = sum_gradients(&m, vec![g], &device);
+            let a = g.get::<2>(m.a.id).expect("a").into_data();
+            a.try_to_vec::<f32>().expect("f32")
+        };
+        let at_once = sum_gradients(&m, pools.run(jobs()), &device);
+        let in_turn = sum_gradients(&m, pools.run_in_turn(jobs()), &device);
+        assert_eq!(host(at_once), host(in_turn));
     }
 
     /// A rank without a gradient for a parameter adds nothing to it.

@@ -84,40 +84,57 @@ impl Trainer {
                 let mut policy_grads = Vec::with_capacity(ranks);
                 let mut critic_grads = Vec::with_capacity(ranks);
                 let mut step_value_loss = 0.0;
-                for (k, shard) in crate::distributed::shard(&mini, ranks)
-                    .into_iter()
+                let shards = crate::distributed::shard(&mini, ranks);
+                // Every rank past the first computes on its own fork of this step's weights
+                // (on its device, or on the first rank's): ranks share no autodiff graph.
+                let replicas: Vec<Option<(Transformer, Option<ValueModel>)>> = shards
+                    .iter()
                     .enumerate()
-                {
-                    if shard.is_empty() {
-                        continue;
-                    }
-                    let replica;
-                    let (policy, critic, device) =
-                        match k.checked_sub(1).map(|r| &self.learner.ranks[r]) {
-                            // Rank 0, or a rank on rank 0's device: the policy itself (its backward
-                            // passes add up as gradient accumulation does).
-                            None => (
-                                self.policy(),
-                                self.models.critic.as_ref(),
-                                &self.learner.device,
+                    .map(|(k, shard)| {
+                        let device = k.checked_sub(1).map(|r| &self.learner.ranks[r])?;
+                        (!shard.is_empty()).then(|| {
+                            (
+                                self.policy().clone().fork(device),
+                                self.models.critic.clone().map(|c| c.fork(device)),
+                            )
+                        })
+                    })
+                    .collect();
+                let this = &*self;
+                let jobs: Vec<_> = shards
+                    .iter()
+                    .zip(&replicas)
+                    .enumerate()
+                    .filter(|(_, (shard, _))| !shard.is_empty())
+                    .map(|(k, (shard, replica))| {
+                        let (policy, critic, device) = match (replica, k.checked_sub(1)) {
+                            (Some((p, c)), Some(r)) => (p, c.as_ref(), &this.learner.ranks[r]),
+                            _ => (
+                                this.policy(),
+                                this.models.critic.as_ref(),
+                                &this.learner.device,
                             ),
-                            Some(d) if *d == self.learner.device => (
-                                self.policy(),
-                                self.models.critic.as_ref(),
-                                &self.learner.device,
-                            ),
-                            Some(device) => {
-                                // This step's weights on the rank's device, with their own
-                                // autodiff graph.
-                                replica = (
-                                    self.policy().clone().fork(device),
-                                    self.models.critic.clone().map(|c| c.fork(device)),
-                                );
-                                (&replica.0, replica.1.as_ref(), device)
-                            }
                         };
-                    let part =
-                        self.rank_gradients((policy, critic, device), shard, rows, global, diag)?;
+                        (k, move || {
+                            let mut rank_diag = StepDiagnostics::default();
+                            this.rank_gradients(
+                                (policy, critic, device),
+                                shard,
+                                rows,
+                                global,
+                                &mut rank_diag,
+                            )
+                            .map(|g| (g, rank_diag))
+                        })
+                    })
+                    .collect();
+                let parts = match &self.learner.rank_pools {
+                    Some(pools) => pools.run(jobs),
+                    None => jobs.into_iter().map(|(_, job)| job()).collect(),
+                };
+                for part in parts {
+                    let (part, rank_diag) = part?;
+                    diag.merge(rank_diag);
                     for (s, p) in sums.iter_mut().zip(part.sums) {
                         *s += p;
                     }

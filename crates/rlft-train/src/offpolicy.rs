@@ -105,6 +105,20 @@ impl StepDiagnostics {
         Ok(out)
     }
 
+    /// Adds `other`'s sums, counts and log-ratios (a learner rank's, merged in rank order).
+    pub fn merge(&mut self, other: StepDiagnostics) {
+        for (k, v) in other.sums {
+            *self.sums.entry(k).or_insert(0.0) += v;
+        }
+        self.tokens += other.tokens;
+        self.max_abs_log_ratio = self.max_abs_log_ratio.max(other.max_abs_log_ratio);
+        self.positions.merge(other.positions);
+        self.correction_secs += other.correction_secs;
+        if let Some(p) = other.prox_secs {
+            *self.prox_secs.get_or_insert(0.0) += p;
+        }
+    }
+
     /// `offpolicy/<key>` (token-weighted means over the step), `offpolicy/max_abs_log_ratio`
     /// (the largest per-token |log π − log μ|), the position quantiles `offpolicy/pos/...`,
     /// `time/correction_s` and `time/prox_s`.

@@ -53,6 +53,8 @@ pub(crate) struct Learner {
     pub(crate) ranks: Vec<Device>,
     /// `async.learner_threads`: the learner's compute pool.
     pub(crate) pool: Option<Arc<rayon::ThreadPool>>,
+    /// With several ranks: each rank's own pool (`distributed.threads_per_rank`).
+    pub(crate) rank_pools: Option<crate::distributed::RankPools>,
     /// `[algorithm]`, resolved against `registry`.
     pub(crate) algo: ResolvedAlgorithm,
     /// The losses the run may name (built-ins and the trainer's own).
@@ -205,6 +207,22 @@ impl Trainer {
             .map(|n| crate::compute_pool(n, |k| format!("rlft-learner-{k}")).map(Arc::new))
             .transpose()
             .map_err(|e| TrainError::Usage(format!("learner compute threads: {e}")))?;
+        let rank_pools = match recipe.distributed.ranks() {
+            1 => None,
+            n => {
+                let shared = recipe
+                    .asynchrony
+                    .learner_threads
+                    .unwrap_or_else(rayon::current_num_threads);
+                let threads = recipe
+                    .distributed
+                    .threads_per_rank
+                    .unwrap_or((shared / n).max(1));
+                let pools = crate::distributed::RankPools::new(n, threads)
+                    .map_err(|e| TrainError::Usage(format!("learner rank threads: {e}")))?;
+                Some(pools)
+            }
+        };
         // Created once everything it describes has loaded: bad input leaves nothing behind.
         let out = &recipe.output_dir;
         std::fs::create_dir_all(out).map_err(io_err(out))?;
@@ -227,6 +245,7 @@ impl Trainer {
                 plain,
                 ranks,
                 pool: learner_pool,
+                rank_pools,
                 algo,
                 registry: ext.registry,
                 optim: adamw(&recipe.optimizer),

@@ -73,6 +73,18 @@ impl PositionQuantiles {
         }
     }
 
+    /// Adds `other`'s log-ratios after this one's (as if its batches had been added here).
+    pub fn merge(&mut self, other: PositionQuantiles) {
+        if self.token.len() < other.token.len() {
+            self.token.resize(other.token.len(), Vec::new());
+            self.cumulative.resize(other.token.len(), Vec::new());
+        }
+        for (b, (t, c)) in other.token.into_iter().zip(other.cumulative).enumerate() {
+            self.token[b].extend(t);
+            self.cumulative[b].extend(c);
+        }
+    }
+
     /// Quantiles `qs` per non-empty bucket, in position order.
     pub fn quantiles(&self, qs: &[f64]) -> Vec<BucketQuantiles> {
         let sorted_quantiles = |v: &[f64]| {
