@@ -24,6 +24,9 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use rayon::prelude::*;
 
+mod attention;
+use attention::RowStep;
+
 /// Most rows a decode step runs on the host: the kernels read every weight once per
 /// [`crate::decode::MAX_ROWS`] rows, so for larger batches the backend's tiled product is faster.
 pub const DECODE_ROWS: usize = 2 * crate::decode::MAX_ROWS;
@@ -49,6 +52,7 @@ impl HostNorm {
     }
 
     /// Normalises each `gamma.len()`-wide row of `x` in place (burn's `x / √(mean(x²) + ε) · γ`).
+    #[inline(always)]
     fn apply(&self, x: &mut [f32]) {
         let d = self.gamma.len();
         for row in x.chunks_mut(d) {
@@ -111,6 +115,8 @@ pub struct HostWeights {
     head_dim: usize,
     /// RoPE inverse frequencies in f32, as the backend's pass uses them.
     inv_freq: Vec<f32>,
+    /// The CPU has AVX-512F: the attention runs compiled for it.
+    avx512: bool,
 }
 
 /// One decoder layer.
@@ -252,6 +258,7 @@ impl HostWeights {
             kv_heads: model.num_kv_heads,
             head_dim: model.head_dim,
             inv_freq: model.rope_inv_freq.iter().map(|&f| f as f32).collect(),
+            avx512: crate::decode::kernels_available(),
         })
     }
 
@@ -266,11 +273,14 @@ impl HostWeights {
         Self::suits(&model.embed_tokens.weight.device()) && Self::unsupported(model).is_none()
     }
 
-    /// The embedding of `token` (`[d]`).
-    fn embedding(&self, token: u32) -> &[f32] {
+    /// Appends the embedding of `token` (`d` values) to `x`.
+    fn embed_into(&self, token: u32, x: &mut Vec<f32>) {
         let d = self.norm.gamma.len();
-        let table = self.embed.as_deref().unwrap_or_else(|| self.head.data());
-        &table[token as usize * d..(token as usize + 1) * d]
+        match &self.embed {
+            Some(table) => x.extend_from_slice(&table[token as usize * d..][..d]),
+            // Tied: the head's row.
+            None => x.extend(self.head.column(token as usize)),
+        }
     }
 
     /// Logits `[n, vocab]` (row-major) for one new token per cached row: `tokens[r]` at position
@@ -279,6 +289,21 @@ impl HostWeights {
     /// # Shapes
     /// - `tokens`, `positions`: `[n]` with `n = cache.rows()` → `[n · vocab]`.
     pub fn decode_step(
+        &self,
+        cache: &mut HostKvCache,
+        tokens: &[u32],
+        positions: &[usize],
+    ) -> Result<Vec<f32>> {
+        // A step runs ~150 parallel sections (the products, the attention). Called from outside
+        // the thread pool, each would wake the pool and put this thread to sleep; run from a
+        // worker, they split among busy workers instead.
+        if rayon::current_thread_index().is_none() {
+            return rayon::scope(|_| self.decode_step_here(cache, tokens, positions));
+        }
+        self.decode_step_here(cache, tokens, positions)
+    }
+
+    fn decode_step_here(
         &self,
         cache: &mut HostKvCache,
         tokens: &[u32],
@@ -300,10 +325,10 @@ impl HostWeights {
         }
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
         let (nq, nkv) = (h * hd, kvh * hd);
-        let mut x: Vec<f32> = tokens
-            .iter()
-            .flat_map(|&t| self.embedding(t).iter().copied())
-            .collect();
+        let mut x = Vec::with_capacity(n * self.norm.gamma.len());
+        for &t in tokens {
+            self.embed_into(t, &mut x);
+        }
         let tables: Vec<(Vec<f32>, Vec<f32>)> =
             positions.iter().map(|&p| self.rope_table(p)).collect();
         for (i, layer) in self.layers.iter().enumerate() {
@@ -316,19 +341,20 @@ impl HostWeights {
                 .zip(qkv.par_chunks_mut(nq + 2 * nkv))
                 .zip(attn.par_chunks_mut(nq))
                 .zip(&tables)
-                .for_each(|(((row, qkv), out), (cos, sin))| {
-                    let (q, kv) = qkv.split_at_mut(nq);
-                    let (k, v) = kv.split_at_mut(nkv);
-                    if let Some((qn, kn)) = &layer.qk_norm {
-                        qn.apply(q);
-                        kn.apply(k);
+                .for_each(|(((row, qkv), out), table)| {
+                    let step = RowStep {
+                        qk_norm: layer.qk_norm.as_ref(),
+                        table,
+                        layer: i,
+                        dims: (h, kvh, hd),
+                    };
+                    #[cfg(target_arch = "x86_64")]
+                    if self.avx512 {
+                        // SAFETY: `avx512` is set only where the CPU has AVX-512F.
+                        unsafe { step.run_avx512(row, qkv, out) };
+                        return;
                     }
-                    rope(q, (cos, sin));
-                    rope(k, (cos, sin));
-                    let (keys, values) = &mut row.layers[i];
-                    keys.extend_from_slice(k);
-                    values.extend_from_slice(v);
-                    attend(q, keys, values, row.start, (h, kvh, hd), out);
+                    step.run(row, qkv, out);
                 });
             let mut o = layer.o.matmul(&attn);
             add_bias(&mut o, layer.o_bias.as_ref());
@@ -361,84 +387,6 @@ impl HostWeights {
             .map(|&f| ((p * f).cos(), (p * f).sin()))
             .unzip()
     }
-}
-
-/// HF's `rotate_half` RoPE on every `cos.len() · 2`-wide head of `x`.
-fn rope(x: &mut [f32], (cos, sin): (&[f32], &[f32])) {
-    let half = cos.len();
-    for head in x.chunks_mut(2 * half) {
-        let (x1, x2) = head.split_at_mut(half);
-        for i in 0..half {
-            let (a, b) = (x1[i], x2[i]);
-            x1[i] = a * cos[i] - b * sin[i];
-            x2[i] = b * cos[i] + a * sin[i];
-        }
-    }
-}
-
-/// Scaled dot-product attention of one row's new token: query heads `q` (`[h · hd]`) against the
-/// row's cached keys and values from position `start` on (`[len, kvh · hd]` each), into `out`
-/// (`[h · hd]`). Query head `j` reads key/value head `j / (h / kvh)`; the query heads of a group
-/// are scored together, so each cached key and value is read once per group, not once per head.
-fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    start: usize,
-    (h, kvh, hd): (usize, usize, usize),
-    out: &mut [f32],
-) {
-    let kvd = kvh * hd;
-    let (len, rep) = (keys.len() / kvd, h / kvh);
-    let span = len - start;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut scores = vec![0f32; rep * span];
-    for g in 0..kvh {
-        let qs = &q[g * rep * hd..(g + 1) * rep * hd];
-        for (i, t) in (start..len).enumerate() {
-            let k = &keys[t * kvd + g * hd..][..hd];
-            for (r, qh) in qs.chunks(hd).enumerate() {
-                scores[r * span + i] = dot(qh, k) * scale;
-            }
-        }
-        for row in scores.chunks_mut(span) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0f32;
-            for s in row.iter_mut() {
-                *s = (*s - max).exp();
-                total += *s;
-            }
-            row.iter_mut().for_each(|s| *s /= total);
-        }
-        let os = &mut out[g * rep * hd..(g + 1) * rep * hd];
-        os.fill(0.0);
-        for (i, t) in (start..len).enumerate() {
-            let v = &values[t * kvd + g * hd..][..hd];
-            for (r, oh) in os.chunks_mut(hd).enumerate() {
-                let w = scores[r * span + i];
-                oh.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
-            }
-        }
-    }
-}
-
-/// `a · b` in 16 independent lanes (which the compiler vectorises; a plain f32 sum is serial).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const L: usize = 16;
-    let mut acc = [0f32; L];
-    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..L {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// Keys and values of a decode batch in host memory, for [`HostWeights::decode_step`]; made from

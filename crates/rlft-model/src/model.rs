@@ -145,6 +145,16 @@ impl Transformer {
         self.logits(self.hidden_states_cached(input, Some(cache)))
     }
 
+    /// Logits `[batch, 1, vocab]` at the last position of a cached pass, the cache filled as
+    /// [`Transformer::forward_cached`] fills it: what a sampler needs after prefilling
+    /// left-padded prompts (the output head runs at one position per row, not at every prompt
+    /// token).
+    pub fn forward_cached_last(&self, input: &ForwardInput, cache: &mut KvCache) -> Tensor<3> {
+        let h = self.hidden_states_cached(input, Some(cache));
+        let l = h.dims()[1];
+        self.logits(h.narrow(1, l - 1, 1))
+    }
+
     /// Logits `[1, n, vocab]` at `n` positions of the pass, given as indices into its `batch·L`
     /// positions flattened row by row. The output head runs at those positions only (a learner
     /// needs logits where response tokens are predicted, wherever the layout put them).

@@ -398,7 +398,8 @@ impl<'a> Sampler<'a> {
                         );
                         logits
                     } else {
-                        model.forward_cached(&input, &mut cache)
+                        // Only the last position's logits are drawn from.
+                        model.forward_cached_last(&input, &mut cache)
                     };
                     if prefill && initial && unique.len() < prompts.len() {
                         cache.select_rows(&source);
