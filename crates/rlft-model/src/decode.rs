@@ -29,8 +29,8 @@ pub const MAX_ROWS: usize = 8;
 
 /// A weight matrix copied to host memory, multiplied by few rows at a time.
 ///
-/// A `[k, n]` matrix (a burn `Linear` weight, `[in, out]`) is cut into panels of [`PANEL`]
-/// columns, each stored as a contiguous `[k, PANEL]` block (the last one zero-padded), so a
+/// A `[k, n]` matrix (a burn `Linear` weight, `[in, out]`) is cut into panels of 32
+/// columns, each stored as a contiguous `[k, 32]` block (the last one zero-padded), so a
 /// panel's weights stream from memory in order. An `[out, in]` table (an embedding used as the
 /// output head) is stored the same way, transposed; its rows are read back with
 /// [`HostMatrix::column`].

@@ -362,13 +362,16 @@ impl HostWeights {
             let mut gu = layer.gate_up.matmul(&layer.post_norm.applied(&x));
             add_bias(&mut gu, layer.gate_up_bias.as_ref());
             let inter = layer.down.in_features();
-            let act: Vec<f32> = gu
-                .chunks(2 * inter)
-                .flat_map(|row| {
+            // SiLU(gate) · up, a row per task: its `exp`s are a step's largest serial part.
+            let mut act = vec![0f32; n * inter];
+            act.par_chunks_mut(inter)
+                .zip(gu.par_chunks(2 * inter))
+                .for_each(|(a, row)| {
                     let (g, u) = row.split_at(inter);
-                    g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-                })
-                .collect();
+                    for ((a, &g), &u) in a.iter_mut().zip(g).zip(u) {
+                        *a = g / (1.0 + (-g).exp()) * u;
+                    }
+                });
             let mut down = layer.down.matmul(&act);
             add_bias(&mut down, layer.down_bias.as_ref());
             x.iter_mut().zip(&down).for_each(|(x, d)| *x += d);

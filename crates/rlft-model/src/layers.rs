@@ -18,7 +18,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::{silu, softmax};
-use burn::tensor::{Bool, DType, Device, Tensor};
+use burn::tensor::{Bool, Device, Tensor};
 pub use moe::{FeedForward, MoeTrace, Routing, SparseMoe, SparseMoeConfig, TokenRouting};
 pub use norm::{Norm, NormConfig};
 use std::convert::Infallible;
@@ -141,7 +141,7 @@ pub struct Attention {
 
 impl Attention {
     /// Causal grouped-query attention over `x`, with RoPE tables `(cos, sin)` and `mask` (true
-    /// = not attended). With a cache `slot`, the new keys and values are appended to the
+    /// = not attended; every query must see at least one key, or its row is NaN). With a cache `slot`, the new keys and values are appended to the
     /// cached ones and attended together.
     ///
     /// # Shapes
@@ -194,16 +194,12 @@ impl Attention {
         if let Some(c) = self.softcap {
             scores = scores.div_scalar(c).tanh().mul_scalar(c);
         }
-        // f16 cannot hold -1e9 (it becomes -inf, and a query that sees no key — padding —
-        // would then softmax to NaN): its most negative finite value instead.
-        let masked = if scores.dtype() == DType::F16 {
-            -65504.0
-        } else {
-            -1e9
-        };
+        // -inf: every query sees at least its own key (the model's mask guarantees it), so no
+        // row is masked whole, and `exp` returns 0 for -inf at once (a large finite value
+        // takes libm's slow underflow path, element by element).
         let scores = scores
             .reshape([b, h, l, lk])
-            .mask_fill(mask.clone().expand([b, h, l, lk]), masked);
+            .mask_fill(mask.clone().expand([b, h, l, lk]), f32::NEG_INFINITY);
         let probs = softmax(scores, 3).reshape([b, kvh, n * l, lk]);
         let out = probs
             .matmul(v)

@@ -16,7 +16,7 @@
 //! computes on its own fork of the step's weights ([`Module::fork`]), on its device or on the
 //! first rank's, so that no two ranks share an autodiff graph. The ranks run at once, each on
 //! its own thread with its own compute pool of `distributed.threads_per_rank` threads
-//! ([`RankPools`]), and the sum is taken in rank order on the first rank's device (through the
+//! (`RankPools`), and the sum is taken in rank order on the first rank's device (through the
 //! host for CPU backends): it is bit for bit the sum of the same ranks run one after another.
 //! burn's collective `all_reduce` over NCCL is not used (`docs/backends.md`).
 //!
