@@ -337,8 +337,11 @@ mod tests {
         }
         extra(&mut w);
         w.tensor("token_embd.weight", &[10, 64], GgmlType::F32, &[0.0; 640]);
+        // One file per call: tests run in parallel.
+        static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!(
-            "rlft-gguf-family-{arch}-{layers}-{}.gguf",
+            "rlft-gguf-family-{arch}-{n}-{}.gguf",
             std::process::id()
         ));
         std::fs::write(&path, w.to_bytes()).unwrap();
@@ -415,28 +418,7 @@ mod tests {
     #[test]
     fn unsupported_rope_forms_are_refused_with_the_reason() {
         let err = |arch: &str, extra: fn(&mut GgufWriter)| {
-            let mut w = GgufWriter::new();
-            w.string("general.architecture", arch);
-            for (k, v) in [
-                ("embedding_length", 64),
-                ("block_count", 2),
-                ("feed_forward_length", 96),
-                ("attention.head_count", 4),
-            ] {
-                w.u32(&format!("{arch}.{k}"), v);
-            }
-            extra(&mut w);
-            w.tensor("token_embd.weight", &[10, 64], GgmlType::F32, &[0.0; 640]);
-            let path = std::env::temp_dir().join(format!(
-                "rlft-gguf-family-err-{arch}-{}.gguf",
-                std::process::id()
-            ));
-            std::fs::write(&path, w.to_bytes()).unwrap();
-            let e = TransformerConfig::from_gguf(&GgufFile::open(&path).unwrap())
-                .unwrap_err()
-                .to_string();
-            std::fs::remove_file(&path).ok();
-            e
+            try_config(arch, 2, extra).unwrap_err().to_string()
         };
         let e = err("phi3", |w| {
             w.tensor("rope_factors_long.weight", &[8], GgmlType::F32, &[1.0; 8])
