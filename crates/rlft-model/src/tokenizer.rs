@@ -8,6 +8,8 @@ use crate::{ModelError, Result};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
+mod spm;
+
 /// A tokenizer with its special tokens and chat template.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
@@ -173,10 +175,11 @@ impl Tokenizer {
         })
     }
 
-    /// Converts the tokenizer embedded in a GGUF file (`tokenizer.ggml.model = "gpt2"`: byte-level
-    /// BPE with vocab, merges and token types) into a `tokenizers` tokenizer that encodes as
-    /// llama.cpp does, honouring `tokenizer.ggml.pre`. Special-token ids come from the GGUF
-    /// metadata (`tokenizer.ggml.{bos,eos,padding}_token_id`).
+    /// Converts the tokenizer embedded in a GGUF file into a `tokenizers` tokenizer that encodes
+    /// as llama.cpp does: byte-level BPE (`tokenizer.ggml.model = "gpt2"`: vocab, merges and
+    /// token types, honouring `tokenizer.ggml.pre`) or SentencePiece (`"llama"`: pieces, scores
+    /// and token types, see [`spm`]). Special-token ids come from the GGUF metadata
+    /// (`tokenizer.ggml.{bos,eos,padding}_token_id`).
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let path = file.path();
         let strings = |key: &str| -> Result<Vec<String>> {
@@ -189,17 +192,17 @@ impl Tokenizer {
             .require("tokenizer.ggml.model")?
             .as_str()
             .unwrap_or_default();
-        if model != "gpt2" {
+        if model != "gpt2" && model != "llama" {
             return Err(tok_err(
                 path,
                 format!(
-                    "tokenizer.ggml.model = '{model}': rlft converts byte-level BPE ('gpt2') GGUF tokenizers; \
-                     load the HF checkpoint with its tokenizer.json instead"
+                    "tokenizer.ggml.model = '{model}': rlft converts byte-level BPE ('gpt2') and \
+                     SentencePiece ('llama') GGUF tokenizers; load the HF checkpoint with its \
+                     tokenizer.json instead"
                 ),
             ));
         }
         let tokens = strings("tokenizer.ggml.tokens")?;
-        let merges = strings("tokenizer.ggml.merges")?;
         let types: Vec<i64> = match file.get("tokenizer.ggml.token_type") {
             Some(GgufValue::Array(a)) => a
                 .iter()
@@ -211,11 +214,6 @@ impl Tokenizer {
                 .collect(),
             _ => vec![1; tokens.len()],
         };
-        let vocab: serde_json::Map<String, Value> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), json!(i)))
-            .collect();
         // llama.cpp token types: 3 = control, 4 = user-defined; both are matched verbatim in
         // text before BPE (control ones are "special").
         let added: Vec<Value> = tokens
@@ -228,37 +226,48 @@ impl Tokenizer {
                        "rstrip": false, "normalized": *ty == 4, "special": *ty == 3})
             })
             .collect();
-        let pre = file
-            .get("tokenizer.ggml.pre")
-            .and_then(GgufValue::as_str)
-            .unwrap_or("default");
-        let pre_tokenizer = gguf_pre_tokenizer(pre).ok_or_else(|| {
-            tok_err(
-                path,
-                format!(
-                    "tokenizer.ggml.pre = '{pre}' is not supported (supported: default, gpt-2, \
-                     smollm, llama-bpe, qwen2); load the HF checkpoint with its tokenizer.json \
-                     instead"
-                ),
-            )
-        })?;
-        let spec = json!({
+        let mut spec = json!({
             "version": "1.0",
             "truncation": null,
             "padding": null,
             "added_tokens": added,
-            "normalizer": null,
-            "pre_tokenizer": pre_tokenizer,
-            "post_processor": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                      "ignore_merges": false, "vocab": vocab, "merges": merges},
+            "post_processor": null,
         });
+        let parts = if model == "llama" {
+            let scores: Vec<f32> = match file.get("tokenizer.ggml.scores") {
+                Some(GgufValue::Array(a)) if a.len() == tokens.len() => a
+                    .iter()
+                    .map(|v| v.as_f64().map(|x| x as f32))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| tok_err(path, "'tokenizer.ggml.scores' holds a non-number"))?,
+                _ => {
+                    return Err(tok_err(
+                        path,
+                        "a SentencePiece vocabulary needs 'tokenizer.ggml.scores', one per token",
+                    ));
+                }
+            };
+            // llama.cpp: token type 2 is the unknown token.
+            let unk = tokens
+                .iter()
+                .zip(&types)
+                .find(|(_, ty)| **ty == 2)
+                .map(|(t, _)| t.as_str());
+            let prefix = file
+                .get("tokenizer.ggml.add_space_prefix")
+                .and_then(GgufValue::as_bool)
+                .unwrap_or(true);
+            spm::spec(&tokens, &scores, unk, prefix)
+        } else {
+            byte_level_bpe(file, &tokens)?
+        };
+        if let Value::Object(m) = &mut spec {
+            m.extend(parts);
+        }
         let inner = spec
             .to_string()
             .parse::<tokenizers::Tokenizer>()
-            .map_err(|e| tok_err(path, format!("cannot build the BPE tokenizer: {e}")))?;
+            .map_err(|e| tok_err(path, format!("cannot build the tokenizer: {e}")))?;
         let id = |key: &str| -> Result<Option<u32>> {
             match file.get(key) {
                 None => Ok(None),
@@ -483,6 +492,52 @@ impl TokenStream<'_> {
             .step(id)
             .map_err(|e| ModelError::Input(format!("cannot decode id {id}: {e}")))
     }
+}
+
+/// The `tokenizer.json` parts of a byte-level BPE vocabulary (`tokenizer.ggml.model = "gpt2"`):
+/// its merges and the pre-tokenizer `tokenizer.ggml.pre` names.
+fn byte_level_bpe(file: &GgufFile, tokens: &[String]) -> Result<serde_json::Map<String, Value>> {
+    let path = file.path();
+    let merges: Vec<String> = file
+        .require("tokenizer.ggml.merges")?
+        .as_array()
+        .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect())
+        .ok_or_else(|| tok_err(path, "'tokenizer.ggml.merges' is not an array of strings"))?;
+    let vocab: serde_json::Map<String, Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
+    let pre = file
+        .get("tokenizer.ggml.pre")
+        .and_then(GgufValue::as_str)
+        .unwrap_or("default");
+    let pre_tokenizer = gguf_pre_tokenizer(pre).ok_or_else(|| {
+        tok_err(
+            path,
+            format!(
+                "tokenizer.ggml.pre = '{pre}' is not supported (supported: default, gpt-2, \
+                 smollm, llama-bpe, qwen2); load the HF checkpoint with its tokenizer.json \
+                 instead"
+            ),
+        )
+    })?;
+    let parts = json!({
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": merges},
+    });
+    let Value::Object(m) = parts else {
+        return Err(tok_err(
+            path,
+            "the byte-level BPE parts are not a JSON object",
+        ));
+    };
+    Ok(m)
 }
 
 #[cfg(test)]

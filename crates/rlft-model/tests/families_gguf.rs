@@ -107,3 +107,33 @@ fn converted_files_load_the_weights_of_their_source() {
     }
     assert!(compared > 0, "no converted fixture without overrides");
 }
+
+/// A SentencePiece vocabulary as llama.cpp's converter writes it (`tokenizer.ggml.model =
+/// llama`: pieces, scores, token types; `tests/data/spm-gguf`, `scripts/spm_gguf_fixture.py`)
+/// encodes every text to the ids SentencePiece gives it (byte fallback, spaces, newlines,
+/// accents, CJK and emoji) and decodes them back as SentencePiece does; the model loads with it.
+#[test]
+fn sentencepiece_vocabularies_encode_as_sentencepiece() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/spm-gguf");
+    let path = dir.join("tiny-llama-spm.gguf");
+    let p = Pretrained::load(&path, &Device::flex(), DType::F32).unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(dir.join("tokens.json")).expect("tokens.json");
+    let reference: Value = serde_json::from_str(&text).expect("json");
+    let cases = reference["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let text = case["text"].as_str().expect("text");
+        let want: Vec<u32> = ids(&case["ids"]).into_iter().map(|i| i as u32).collect();
+        let got = p.tokenizer.encode(text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, want, "{text:?}");
+        let back = p
+            .tokenizer
+            .decode(&got, false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, case["decoded"].as_str().expect("decoded"), "{text:?}");
+    }
+    assert_eq!(
+        (p.tokenizer.bos_id, p.tokenizer.eos_ids.clone()),
+        (Some(1), vec![2])
+    );
+}
