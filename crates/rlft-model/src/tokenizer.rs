@@ -178,8 +178,8 @@ impl Tokenizer {
     /// Converts the tokenizer embedded in a GGUF file into a `tokenizers` tokenizer that encodes
     /// as llama.cpp does: byte-level BPE (`tokenizer.ggml.model = "gpt2"`: vocab, merges and
     /// token types, honouring `tokenizer.ggml.pre`) or SentencePiece (`"llama"`: pieces, scores
-    /// and token types, ranked into merges as transformers does). Special-token ids come from the GGUF metadata
-    /// (`tokenizer.ggml.{bos,eos,padding}_token_id`).
+    /// and token types, ranked into merges as transformers does). Special-token ids come from
+    /// the GGUF metadata (`tokenizer.ggml.{bos,eos,padding}_token_id`).
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let path = file.path();
         let strings = |key: &str| -> Result<Vec<String>> {
