@@ -115,8 +115,6 @@ pub struct HostWeights {
     head_dim: usize,
     /// RoPE inverse frequencies in f32, as the backend's pass uses them.
     inv_freq: Vec<f32>,
-    /// The CPU has AVX-512F: the attention runs compiled for it.
-    avx512: bool,
 }
 
 /// One decoder layer.
@@ -258,7 +256,6 @@ impl HostWeights {
             kv_heads: model.num_kv_heads,
             head_dim: model.head_dim,
             inv_freq: model.rope_inv_freq.iter().map(|&f| f as f32).collect(),
-            avx512: crate::decode::kernels_available(),
         })
     }
 
@@ -349,8 +346,8 @@ impl HostWeights {
                         dims: (h, kvh, hd),
                     };
                     #[cfg(target_arch = "x86_64")]
-                    if self.avx512 {
-                        // SAFETY: `avx512` is set only where the CPU has AVX-512F.
+                    if kernels_available() {
+                        // SAFETY: the kernels are available only where the CPU has AVX-512F.
                         unsafe { step.run_avx512(row, qkv, out) };
                         return;
                     }

@@ -362,11 +362,10 @@ impl Transformer {
         }
         // Every query sees its own key, padding included: no row of scores is masked whole, so
         // masked scores can be -inf (a padding query's output is never read).
-        let own = Tensor::<2, Bool>::tril_mask([l, total], past as i64 - 1, &device)
-            .bool_and(Tensor::<2, Bool>::tril_mask([l, total], past as i64, &device).bool_not())
+        let not_own = Tensor::<2, Bool>::diag_mask([l, total], past as i64, &device)
             .unsqueeze::<4>()
             .expand([b, 1, l, total]);
-        mask = mask.bool_and(own.bool_not());
+        mask = mask.bool_and(not_own);
         // Sliding layers: keys at most `w - 1` positions back in the query's own sequence. Only
         // a model with windows keeps its keys' positions in the cache.
         let mut windows: Vec<(usize, Tensor<4, Bool>)> = Vec::new();

@@ -182,12 +182,6 @@ impl Tokenizer {
     /// the GGUF metadata (`tokenizer.ggml.{bos,eos,padding}_token_id`).
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let path = file.path();
-        let strings = |key: &str| -> Result<Vec<String>> {
-            file.require(key)?
-                .as_array()
-                .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect())
-                .ok_or_else(|| tok_err(path, format!("'{key}' is not an array of strings")))
-        };
         let model = file
             .require("tokenizer.ggml.model")?
             .as_str()
@@ -202,7 +196,12 @@ impl Tokenizer {
                 ),
             ));
         }
-        let tokens = strings("tokenizer.ggml.tokens")?;
+        let tokens = gguf_strings(file, "tokenizer.ggml.tokens")?;
+        let vocab: serde_json::Map<String, Value> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), json!(i)))
+            .collect();
         let types: Vec<i64> = match file.get("tokenizer.ggml.token_type") {
             Some(GgufValue::Array(a)) => a
                 .iter()
@@ -257,9 +256,9 @@ impl Tokenizer {
                 .get("tokenizer.ggml.add_space_prefix")
                 .and_then(GgufValue::as_bool)
                 .unwrap_or(true);
-            spm::spec(&tokens, &scores, unk, prefix)
+            spm::spec(vocab, &tokens, &scores, unk, prefix)
         } else {
-            byte_level_bpe(file, &tokens)?
+            byte_level_bpe(file, vocab)?
         };
         if let Value::Object(m) = &mut spec {
             m.extend(parts);
@@ -494,20 +493,22 @@ impl TokenStream<'_> {
     }
 }
 
-/// The `tokenizer.json` parts of a byte-level BPE vocabulary (`tokenizer.ggml.model = "gpt2"`):
-/// its merges and the pre-tokenizer `tokenizer.ggml.pre` names.
-fn byte_level_bpe(file: &GgufFile, tokens: &[String]) -> Result<serde_json::Map<String, Value>> {
-    let path = file.path();
-    let merges: Vec<String> = file
-        .require("tokenizer.ggml.merges")?
+/// The GGUF metadata array `key`, which must hold strings.
+fn gguf_strings(file: &GgufFile, key: &str) -> Result<Vec<String>> {
+    file.require(key)?
         .as_array()
         .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect())
-        .ok_or_else(|| tok_err(path, "'tokenizer.ggml.merges' is not an array of strings"))?;
-    let vocab: serde_json::Map<String, Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
+        .ok_or_else(|| tok_err(file.path(), format!("'{key}' is not an array of strings")))
+}
+
+/// The `tokenizer.json` parts of a byte-level BPE vocabulary (`tokenizer.ggml.model = "gpt2"`):
+/// its merges and the pre-tokenizer `tokenizer.ggml.pre` names.
+fn byte_level_bpe(
+    file: &GgufFile,
+    vocab: serde_json::Map<String, Value>,
+) -> Result<serde_json::Map<String, Value>> {
+    let path = file.path();
+    let merges = gguf_strings(file, "tokenizer.ggml.merges")?;
     let pre = file
         .get("tokenizer.ggml.pre")
         .and_then(GgufValue::as_str)

@@ -30,13 +30,8 @@ pub(crate) const GGUF_ARCHITECTURES: [&str; 10] = [
 struct GgufSource<'a> {
     file: &'a GgufFile,
     cfg: &'a TransformerConfig,
-    /// `(query heads, kv heads)` when q/k rows are stored in llama.cpp's permuted order.
-    permuted: Option<(usize, usize)>,
-    norms: NormNames,
-    /// What llama.cpp's converter added to every norm weight (1 for Gemma's `1 + w` norms).
-    norm_shift: f32,
-    /// Experts per sparse layer and whether they take Mixtral's names.
-    experts: Option<(usize, bool)>,
+    /// q/k rows are stored in llama.cpp's permuted order.
+    permuted: bool,
     /// The stacked expert tensor read last: experts are requested one by one.
     stacked: RefCell<Option<Stacked>>,
 }
@@ -46,26 +41,28 @@ type Stacked = (String, Vec<usize>, Vec<f32>);
 
 impl<'a> GgufSource<'a> {
     fn new(file: &'a GgufFile, cfg: &'a TransformerConfig, arch: &str) -> Self {
-        // llama.cpp's converter permutes q/k rows for `llama` (Mixtral included) and for
-        // Granite, whose converter is Llama's.
-        let permuted =
-            matches!(arch, "llama" | "granite").then_some((cfg.num_heads, cfg.num_kv_heads));
-        let norms = match cfg.norm_placement {
-            NormPlacement::Pre => NormNames::Llama,
-            NormPlacement::Sandwich | NormPlacement::Post => NormNames::PostNorms,
-        };
         GgufSource {
             file,
             cfg,
-            permuted,
-            norms,
-            norm_shift: if cfg.norm_unit_offset { 1.0 } else { 0.0 },
-            experts: cfg
-                .moe
-                .as_ref()
-                .map(|m| (m.num_experts, cfg.weight_layout() == WeightLayout::Mixtral)),
+            // llama.cpp's converter permutes q/k rows for `llama` (Mixtral included) and for
+            // Granite, whose converter is Llama's.
+            permuted: matches!(arch, "llama" | "granite"),
             stacked: RefCell::new(None),
         }
+    }
+
+    /// How the family's layer norms are named.
+    fn norms(&self) -> NormNames {
+        match self.cfg.norm_placement {
+            NormPlacement::Pre => NormNames::Llama,
+            NormPlacement::Sandwich | NormPlacement::Post => NormNames::PostNorms,
+        }
+    }
+
+    /// Experts per sparse layer and whether they take Mixtral's names.
+    fn experts(&self) -> Option<(usize, bool)> {
+        let mixtral = self.cfg.weight_layout() == WeightLayout::Mixtral;
+        self.cfg.moe.as_ref().map(|m| (m.num_experts, mixtral))
     }
 
     /// Expert `e` of the stacked tensor `gname`, whose experts are `shape`.
@@ -81,7 +78,7 @@ impl<'a> GgufSource<'a> {
         let Some((_, got, values)) = cache.as_ref() else {
             return Err(missing(gname, shape, self.root()));
         };
-        let experts = self.experts.map_or(0, |(n, _)| n);
+        let experts = self.experts().map_or(0, |(n, _)| n);
         let mut want = vec![experts];
         want.extend_from_slice(shape);
         check_shape(gname, got, &want)?;
@@ -100,14 +97,14 @@ impl WeightSource for GgufSource<'_> {
             .tensors
             .keys()
             .flat_map(|g| {
-                if let Some(h) = hf_name(g, self.norms) {
+                if let Some(h) = hf_name(g, self.norms()) {
                     // In the family's own naming (Mixtral's router is `block_sparse_moe.gate`).
                     return match h.strip_suffix(".weight") {
                         Some(prefix) => vec![format!("{}.weight", on_disk(self.cfg, prefix).0)],
                         None => vec![h],
                     };
                 }
-                match self.experts {
+                match self.experts() {
                     Some((n, mixtral)) => {
                         expert_names(g, n, mixtral).unwrap_or_else(|| vec![g.clone()])
                     }
@@ -118,23 +115,25 @@ impl WeightSource for GgufSource<'_> {
     }
 
     fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        if self.experts.is_some()
+        if self.experts().is_some()
             && let Some((gname, e)) = expert_slot(name)
         {
             return self.expert(&gname, e, shape);
         }
-        let gname = gguf_name(name, self.norms).ok_or_else(|| missing(name, shape, self.root()))?;
+        let gname =
+            gguf_name(name, self.norms()).ok_or_else(|| missing(name, shape, self.root()))?;
         let (got, mut values) = self
             .file
             .read_f32(&gname)
             .ok_or_else(|| missing(&gname, shape, self.root()))?;
         check_shape(&gname, &got, shape)?;
-        if self.norm_shift != 0.0 && name.ends_with("norm.weight") {
-            values.iter_mut().for_each(|v| *v -= self.norm_shift);
+        // llama.cpp's converter stores Gemma's `1 + w` norms with the 1 added.
+        if self.cfg.norm_unit_offset && name.ends_with("norm.weight") {
+            values.iter_mut().for_each(|v| *v -= 1.0);
         }
-        let heads = match (self.permuted, name) {
-            (Some((h, _)), n) if n.contains("self_attn.q_proj") => Some(h),
-            (Some((_, kv)), n) if n.contains("self_attn.k_proj") => Some(kv),
+        let heads = match name {
+            n if self.permuted && n.contains("self_attn.q_proj") => Some(self.cfg.num_heads),
+            n if self.permuted && n.contains("self_attn.k_proj") => Some(self.cfg.num_kv_heads),
             _ => None,
         };
         Ok(match heads {

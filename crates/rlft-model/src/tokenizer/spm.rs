@@ -46,18 +46,14 @@ fn merges(tokens: &[String], scores: &[f32]) -> Vec<(String, String)> {
 }
 
 /// The `tokenizer.json` parts (`normalizer`, `pre_tokenizer`, `decoder`, `model`) of a
-/// SentencePiece vocabulary.
+/// SentencePiece vocabulary (`vocab`: `tokens` by id, as a `tokenizer.json` map).
 pub(super) fn spec(
+    vocab: Map<String, Value>,
     tokens: &[String],
     scores: &[f32],
     unk: Option<&str>,
     add_space_prefix: bool,
 ) -> Map<String, Value> {
-    let vocab: Map<String, Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
     let merges: Vec<Value> = merges(tokens, scores)
         .into_iter()
         .map(|(l, r)| json!([l, r]))
