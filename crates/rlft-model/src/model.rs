@@ -150,7 +150,11 @@ impl Transformer {
     /// left-padded prompts (the output head runs at one position per row, not at every prompt
     /// token).
     pub fn forward_cached_last(&self, input: &ForwardInput, cache: &mut KvCache) -> Tensor<3> {
-        let h = self.hidden_states_cached(input, Some(cache));
+        self.last_logits(self.hidden_states_cached(input, Some(cache)))
+    }
+
+    /// Logits `[batch, 1, vocab]` at the last position of hidden states `[batch, L, d]`.
+    fn last_logits(&self, h: Tensor<3>) -> Tensor<3> {
         let l = h.dims()[1];
         self.logits(h.narrow(1, l - 1, 1))
     }
@@ -273,16 +277,16 @@ impl Transformer {
         (h.reshape([b * l, d]).select(0, positions), trace)
     }
 
-    /// [`Transformer::forward_cached`] that also returns the routing of the new tokens (one
-    /// [`Routing`] per sparse layer over `batch·L_new` tokens).
-    pub fn forward_cached_routed(
+    /// [`Transformer::forward_cached_last`] that also returns the routing of the new tokens
+    /// (one [`Routing`] per sparse layer over `batch·L_new` tokens).
+    pub fn forward_cached_last_routed(
         &self,
         input: &ForwardInput,
         cache: &mut KvCache,
     ) -> (Tensor<3>, Vec<Routing>) {
         let mut routes = Routes::new(None);
         let h = self.hidden_states_full(input, Some(cache), Some(&mut routes));
-        (self.logits(h), routes.own)
+        (self.last_logits(h), routes.own)
     }
 
     /// Logits `[batch, L, vocab]` and the routing, as [`Transformer::hidden_states_routed`].

@@ -385,7 +385,8 @@ impl<'a> Sampler<'a> {
                     });
                     let width = input.input_ids.dims()[1];
                     let mut logits = if moe.is_some() {
-                        let (logits, routing) = model.forward_cached_routed(&input, &mut cache);
+                        let (logits, routing) =
+                            model.forward_cached_last_routed(&input, &mut cache);
                         record_routing(
                             &mut rows,
                             &routing,
@@ -398,7 +399,6 @@ impl<'a> Sampler<'a> {
                         );
                         logits
                     } else {
-                        // Only the last position's logits are drawn from.
                         model.forward_cached_last(&input, &mut cache)
                     };
                     if prefill && initial && unique.len() < prompts.len() {
@@ -411,8 +411,9 @@ impl<'a> Sampler<'a> {
                         logits = logits.select(0, rows);
                     }
                     initial = false;
-                    let [n, l, v] = logits.dims();
-                    let last = logits.narrow(1, l - 1, 1).reshape([n, v]);
+                    // Both passes give the logits of each row's last position only.
+                    let [n, _, v] = logits.dims();
+                    let last = logits.reshape([n, v]);
                     if on_device {
                         StepLogits::Device(Box::new(last))
                     } else {
