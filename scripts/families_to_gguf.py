@@ -48,15 +48,32 @@ FIXTURES = ROOT / "tests" / "data" / "fixtures-families"
 OUT = ROOT / "tests" / "data" / "fixtures-families-gguf"
 
 
+def use_llama_cpp(llama_cpp: Path) -> Path:
+    """Puts llama.cpp's `conversion` package and gguf-py first on the import path; returns the
+    converter script."""
+    llama_cpp = llama_cpp.resolve()
+    sys.path.insert(0, str(llama_cpp / "gguf-py"))
+    sys.path.insert(0, str(llama_cpp))
+    return llama_cpp / "convert_hf_to_gguf.py"
+
+
+def convert(converter: Path, checkpoint: Path, out: Path) -> None:
+    """Runs llama.cpp's converter on an HF folder, writing an f32 GGUF file."""
+    sys.argv = [str(converter), str(checkpoint), "--outtype", "f32", "--outfile", str(out)]
+    try:
+        runpy.run_path(str(converter), run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise RuntimeError(f"the converter exited with {e.code}") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp", required=True, type=Path)
     ap.add_argument("--fixtures", type=Path, default=FIXTURES)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    llama_cpp = args.llama_cpp.resolve()
-    sys.path.insert(0, str(llama_cpp / "gguf-py"))
-    sys.path.insert(0, str(llama_cpp))
+    converter = use_llama_cpp(args.llama_cpp)
 
     import importlib
 
@@ -70,18 +87,13 @@ def main() -> None:
                 cls.set_vocab = lambda self: self._set_vocab_gpt2()
 
     args.out.mkdir(parents=True, exist_ok=True)
-    converter = str(llama_cpp / "convert_hf_to_gguf.py")
     work = Path(tempfile.mkdtemp())
     fixtures = sorted(p for p in args.fixtures.iterdir() if (p / "config.json").is_file())
     fixtures.append(all_sparse_qwen3_moe(args.fixtures / "tiny-qwen3-moe", work))
     for fixture in fixtures:
         out = args.out / f"{fixture.name}.gguf"
-        sys.argv = [converter, str(fixture), "--outtype", "f32", "--outfile", str(out)]
         try:
-            runpy.run_path(converter, run_name="__main__")
-        except SystemExit as e:
-            if e.code not in (None, 0):
-                print(f"{fixture.name}: converter exited with {e.code}", file=sys.stderr)
+            convert(converter, fixture, out)
         except Exception as e:  # the converter refuses some layouts; say which and go on
             print(f"{fixture.name}: not converted: {type(e).__name__}: {e}", file=sys.stderr)
             out.unlink(missing_ok=True)

@@ -14,11 +14,11 @@ Needs sentencepiece, torch and transformers; PATH/TO/llama.cpp as in families_to
 
 import argparse
 import json
-import runpy
 import shutil
-import sys
 import tempfile
 from pathlib import Path
+
+from families_to_gguf import convert, use_llama_cpp
 
 ROOT = Path(__file__).resolve().parent.parent
 # The training text: the fixtures' corpus and the documentation, enough for merges whose order
@@ -88,18 +88,8 @@ def main() -> None:
     LlamaForCausalLM(config).save_pretrained(ckpt)
     shutil.copy(work / "tokenizer.model", ckpt / "tokenizer.model")
 
-    llama_cpp = args.llama_cpp.resolve()
-    sys.path.insert(0, str(llama_cpp / "gguf-py"))
-    sys.path.insert(0, str(llama_cpp))
     OUT.mkdir(parents=True, exist_ok=True)
-    converter = str(llama_cpp / "convert_hf_to_gguf.py")
-    out = OUT / "tiny-llama-spm.gguf"
-    sys.argv = [converter, str(ckpt), "--outtype", "f32", "--outfile", str(out)]
-    try:
-        runpy.run_path(converter, run_name="__main__")
-    except SystemExit as e:
-        if e.code not in (None, 0):
-            raise
+    convert(use_llama_cpp(args.llama_cpp), ckpt, OUT / "tiny-llama-spm.gguf")
     cases = [
         {"text": t, "ids": sp.encode(t), "decoded": sp.decode(sp.encode(t))} for t in TEXTS
     ]
