@@ -1,7 +1,10 @@
 //! SmolLM2-135M on the default device: one no-autodiff forward at 8 × 128 (full-vocabulary
 //! logits), single decode steps at batch 1 and 8 with a 32-token KV cache (on the backend, and on
 //! the host as the sampler runs them on a CPU device), and the backend's f32 matrix product at
-//! the learner's shapes (reported as FLOP/s; `scripts/matmul_torch.py` times PyTorch's).
+//! the learner's shapes and layouts (reported as FLOP/s; `scripts/matmul_torch.py` times
+//! PyTorch's). It allocates through rlft's allocator (`rlft::alloc`), as the `rlft` binary and
+//! the examples do: with the system allocator every product's output is fresh pages from the
+//! OS, and at these shapes the page faults cost as much as the product.
 //!
 //! ```text
 //! ./scripts/fetch-smollm2.sh && cargo bench --bench model
@@ -13,6 +16,9 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rlft::model::{ForwardInput, HostWeights, KvCache, Pretrained};
 use std::path::PathBuf;
+
+#[global_allocator]
+static GLOBAL: rlft::alloc::Allocator = rlft::alloc::Allocator;
 
 fn model_path() -> Option<PathBuf> {
     let p = std::env::var_os("RLFT_SMOLLM2_GGUF")
@@ -33,25 +39,45 @@ fn ids(b: usize, t: usize, device: &burn::tensor::Device) -> Tensor<2, Int> {
     Tensor::from_data(TensorData::new(v, [b, t]), device)
 }
 
-/// `[m, k] × [k, n]` products of a SmolLM2 learner step on ~560 packed tokens: q/o, gate/up,
-/// down, a weight gradient, and the output head at ~240 response positions.
-const LEARNER_SHAPES: [(usize, usize, usize); 5] = [
-    (560, 576, 576),
-    (560, 576, 1536),
-    (560, 1536, 576),
-    (576, 560, 1536),
-    (240, 576, 49152),
+/// The `[m, k] × [k, n]` products of a SmolLM2 learner step on ~560 packed tokens, each
+/// operand laid out as the step holds it (`t`: a transposed view of a row-major matrix):
+/// `(name, m, k, n, lhs transposed, rhs transposed)`. A linear layer `y = x·W` (`W`:
+/// `[in, out]`) runs `x·W`, `dy·Wᵀ` (the input's gradient) and `xᵀ·dy` (the weight's); the
+/// tied output head `z = h·Eᵀ` (`E`: `[vocab, hidden]`, ~240 response positions) runs `h·Eᵀ`,
+/// `dz·E` and `dzᵀ·h`.
+const LEARNER_PRODUCTS: [(&str, usize, usize, usize, bool, bool); 12] = [
+    ("q_o_fwd", 560, 576, 576, false, false),
+    ("q_o_dx", 560, 576, 576, false, true),
+    ("q_o_dw", 576, 560, 576, true, false),
+    ("gate_up_fwd", 560, 576, 1536, false, false),
+    ("gate_up_dx", 560, 1536, 576, false, true),
+    ("gate_up_dw", 576, 560, 1536, true, false),
+    ("down_fwd", 560, 1536, 576, false, false),
+    ("down_dx", 560, 576, 1536, false, true),
+    ("down_dw", 1536, 560, 576, true, false),
+    ("head_fwd", 240, 576, 49152, false, true),
+    ("head_dh", 240, 49152, 576, false, false),
+    ("head_de", 49152, 240, 576, true, false),
 ];
+
+/// A `[rows, cols]` operand of ones, stored transposed (`[cols, rows]`, viewed back) when `t`.
+fn operand(rows: usize, cols: usize, t: bool, device: &burn::tensor::Device) -> Tensor<2> {
+    if t {
+        Tensor::<2>::ones([cols, rows], device).transpose()
+    } else {
+        Tensor::<2>::ones([rows, cols], device)
+    }
+}
 
 fn matmul(c: &mut Criterion) {
     let device = rlft::device::resolve(None).expect("default device");
     let mut g = c.benchmark_group("matmul_f32");
     g.sample_size(20);
-    for (m, k, n) in LEARNER_SHAPES {
-        let a = Tensor::<2>::ones([m, k], &device);
-        let b = Tensor::<2>::ones([k, n], &device);
+    for (name, m, k, n, lhs_t, rhs_t) in LEARNER_PRODUCTS {
+        let a = operand(m, k, lhs_t, &device);
+        let b = operand(k, n, rhs_t, &device);
         g.throughput(Throughput::Elements(2 * (m * k * n) as u64));
-        g.bench_function(format!("{m}x{k}x{n}"), |bench| {
+        g.bench_function(format!("{name}/{m}x{k}x{n}"), |bench| {
             bench.iter(|| {
                 a.clone()
                     .matmul(b.clone())

@@ -12,6 +12,7 @@
 
 pub mod moe;
 pub mod norm;
+pub mod rows;
 
 use crate::config::{Activation, NormPlacement};
 use burn::config::Config;
@@ -21,6 +22,7 @@ use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Bool, Device, Tensor};
 pub use moe::{FeedForward, MoeTrace, Routing, SparseMoe, SparseMoeConfig, TokenRouting};
 pub use norm::{Norm, NormConfig};
+pub use rows::LinearRows;
 use std::convert::Infallible;
 
 /// One layer's cached keys and values, `[batch, kv_heads, len, head_dim]` each.
@@ -157,9 +159,9 @@ impl Attention {
     ) -> Tensor<3> {
         let [b, l, _] = x.dims();
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let mut q = self.q_proj.forward(x.clone());
-        let mut k = self.k_proj.forward(x.clone());
-        let v = self.v_proj.forward(x);
+        let mut q = self.q_proj.forward_rows(x.clone());
+        let mut k = self.k_proj.forward_rows(x.clone());
+        let v = self.v_proj.forward_rows(x);
         let whole = self
             .q_norm
             .as_ref()
@@ -206,7 +208,7 @@ impl Attention {
             .reshape([b, h, l, hd])
             .swap_dims(1, 2)
             .reshape([b, l, h * hd]);
-        self.o_proj.forward(out)
+        self.o_proj.forward_rows(out)
     }
 }
 
@@ -279,12 +281,13 @@ impl Mlp {
     /// # Shapes
     /// - `x`: `[..., d]` → `[..., d]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let gate = self.gate_proj.forward(x.clone());
+        let gate = self.gate_proj.forward_rows(x.clone());
         let gate = match self.activation {
             Activation::Silu => silu(gate),
             Activation::GeluTanh => gelu_tanh(gate),
         };
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        self.down_proj
+            .forward_rows(gate * self.up_proj.forward_rows(x))
     }
 }
 

@@ -36,8 +36,8 @@ pub use export::{GgufFileType, LORA_TARGETS, LoraConfig};
 pub use gguf::GgufFile;
 pub use host::{DECODE_ROWS, HostKvCache, HostWeights};
 pub use layers::{
-    AttentionConfig, DecoderLayerConfig, FeedForward, MlpConfig, Norm, NormConfig, Routing,
-    SparseMoe, SparseMoeConfig, TokenRouting,
+    AttentionConfig, DecoderLayerConfig, FeedForward, LinearRows, MlpConfig, Norm, NormConfig,
+    Routing, SparseMoe, SparseMoeConfig, TokenRouting,
 };
 pub use load::Pretrained;
 pub use model::{ForwardInput, KvCache, RouterTrace, Transformer, ValueModel};

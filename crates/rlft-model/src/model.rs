@@ -2,6 +2,7 @@
 //! partial), grouped-query attention (sliding windows, soft-caps), gated MLPs or mixtures of
 //! experts, and the families' embedding and logit scales.
 
+use crate::layers::LinearRows;
 pub use crate::layers::{Attention, DecoderLayer, FeedForward, Mlp, Norm, Routing, SparseMoe};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::{Embedding, Linear};
@@ -203,8 +204,8 @@ impl Transformer {
         let dtype = self.compute_dtype;
         let h = h.cast(dtype);
         let logits = match &self.lm_head {
-            Some(head) if self.weights_in_compute_dtype() => head.forward(h),
-            Some(head) => head.clone().map(&mut CastParams(dtype)).forward(h),
+            Some(head) if self.weights_in_compute_dtype() => head.forward_rows(h),
+            Some(head) => head.clone().map(&mut CastParams(dtype)).forward_rows(h),
             None => {
                 let [b, l, d] = h.dims();
                 let w = self.embed_tokens.weight.val().cast(dtype);
@@ -578,6 +579,6 @@ impl ValueModel {
     /// Values `[batch, L]`, one per position (the head computes in f32).
     pub fn forward(&self, input: &ForwardInput) -> Tensor<2> {
         let h = self.trunk.hidden_states(input).cast(FloatDType::F32);
-        self.value_head.forward(h).squeeze_dim::<2>(2)
+        self.value_head.forward_rows(h).squeeze_dim::<2>(2)
     }
 }
