@@ -36,11 +36,12 @@ impl LinearRows for Linear {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hostmem::host_vec;
     use burn::nn::LinearConfig;
     use burn::tensor::{Device, Distribution, TensorData};
 
     fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+        host_vec(t).expect("f32 values")
     }
 
     fn close(a: &[f32], b: &[f32]) {
