@@ -13,17 +13,19 @@
 pub mod moe;
 pub mod norm;
 pub mod rows;
+pub mod swiglu;
 
 use crate::config::{Activation, NormPlacement};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, Device, Tensor};
 pub use moe::{FeedForward, MoeTrace, Routing, SparseMoe, SparseMoeConfig, TokenRouting};
 pub use norm::{Norm, NormConfig};
 pub use rows::LinearRows;
 use std::convert::Infallible;
+pub use swiglu::silu_mul;
 
 /// One layer's cached keys and values, `[batch, kv_heads, len, head_dim]` each.
 pub type KvSlot = Option<(Tensor<4>, Tensor<4>)>;
@@ -282,12 +284,12 @@ impl Mlp {
     /// - `x`: `[..., d]` → `[..., d]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let gate = self.gate_proj.forward_rows(x.clone());
-        let gate = match self.activation {
-            Activation::Silu => silu(gate),
-            Activation::GeluTanh => gelu_tanh(gate),
+        let up = self.up_proj.forward_rows(x);
+        let hidden = match self.activation {
+            Activation::Silu => silu_mul(gate, up),
+            Activation::GeluTanh => gelu_tanh(gate) * up,
         };
-        self.down_proj
-            .forward_rows(gate * self.up_proj.forward_rows(x))
+        self.down_proj.forward_rows(hidden)
     }
 }
 
