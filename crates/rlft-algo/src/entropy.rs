@@ -1,9 +1,9 @@
 //! Token entropy of the policy and the entropy bonus.
 
 use crate::aggregation::{GlobalBatchInfo, LossAggregation, aggregate_loss};
+use crate::fused::log_softmax;
 use crate::logprob::scale_by_temperature;
 use crate::{Result, masked::check_shape};
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, Int, Tensor};
 
 /// Entropy `H = −Σ_v p_v log p_v` of the softmax over the vocabulary at every position

@@ -26,6 +26,7 @@ pub mod diagnostics;
 pub mod entropy;
 mod error;
 pub mod filters;
+pub mod fused;
 pub mod kl;
 pub mod logprob;
 pub mod loss;

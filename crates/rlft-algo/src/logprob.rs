@@ -1,8 +1,8 @@
 //! Per-token log-probabilities of chosen tokens.
 
+use crate::fused::log_softmax;
 use crate::masked::check_shape;
 use crate::{AlgoError, Result};
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, Int, Tensor};
 
 /// `log softmax(logits / temperature)[label]` per position, computed stably (max-shifted

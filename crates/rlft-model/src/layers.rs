@@ -13,19 +13,17 @@
 pub mod moe;
 pub mod norm;
 pub mod rows;
-pub mod swiglu;
 
 use crate::config::{Activation, NormPlacement};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, Device, Tensor};
 pub use moe::{FeedForward, MoeTrace, Routing, SparseMoe, SparseMoeConfig, TokenRouting};
 pub use norm::{Norm, NormConfig};
+use rlft_algo::fused::{silu_mul, softmax};
 pub use rows::LinearRows;
 use std::convert::Infallible;
-pub use swiglu::silu_mul;
 
 /// One layer's cached keys and values, `[batch, kv_heads, len, head_dim]` each.
 pub type KvSlot = Option<(Tensor<4>, Tensor<4>)>;
