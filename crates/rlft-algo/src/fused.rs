@@ -133,8 +133,8 @@ mod flex {
         shape.num_dims().saturating_sub(1)
     }
 
-    /// An f32 copy-free view of a flex tensor, made contiguous first if it is not; `None` for
-    /// other dtypes.
+    /// A contiguous f32 view of a flex tensor (copied into a contiguous layout first if it has
+    /// none); `None` for other dtypes.
     fn f32s(t: &mut FlexTensor) -> Option<&[f32]> {
         if t.dtype() != DType::F32 {
             return None;
