@@ -8,7 +8,8 @@
 //! without autodiff, the functions here are one vectorised pass each way (`kernels`, through a
 //! burn backend extension with a hand-written autodiff step), split over the thread pool in
 //! chunks of whole rows. On every other backend, and for dtypes other than f32, they are burn's
-//! composed expressions. Results do not depend on the thread count or the CPU's vector width.
+//! composed expressions. Results do not depend on the thread count, nor on which vector copy of
+//! a kernel runs.
 
 #[cfg(any(feature = "flex", test))]
 mod kernels;

@@ -4,8 +4,9 @@
 //! The kernels are plain Rust loops over slices; [`multiversion!`] compiles each one again for
 //! AVX-512 and for AVX2 + FMA, picked at run time. Rust never contracts `a·b + c` into an FMA
 //! on its own, so every copy computes the same bits. Sums run in 16 lanes with the lanes added
-//! in a fixed order, and a chunk is always whole rows: results do not depend on the CPU's
-//! vector width or on the thread count.
+//! in a fixed order, and a chunk is always whole rows: results do not depend on which copy runs
+//! or on the thread count. (The log-softmax takes one `ln` per row from libm, whose own code
+//! may differ between CPUs.)
 
 use rayon::prelude::*;
 
@@ -102,9 +103,14 @@ fn lanes<B: Iterator<Item = f32>>(
     tail.fold(s, |s, v| s + v)
 }
 
-/// The widest vector unit this CPU has, of those the kernels are compiled for.
+/// A vector unit of this CPU, of those the kernels are compiled for: only [`Isa::detect`] and
+/// [`Isa::base`] make one, so a kernel never runs instructions the CPU lacks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Isa {
+pub(crate) struct Isa(IsaKind);
+
+/// Which copy of a kernel [`Isa`] selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IsaKind {
     /// AVX-512F.
     Avx512,
     /// AVX2 with FMA.
@@ -114,19 +120,29 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
+    /// The widest vector unit this CPU has.
     pub(crate) fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
+                return Isa(IsaKind::Avx512);
             }
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
             {
-                return Isa::Avx2;
+                return Isa(IsaKind::Avx2);
             }
         }
-        Isa::Base
+        Isa::base()
+    }
+
+    /// The crate's baseline, on every CPU.
+    pub(crate) fn base() -> Self {
+        Isa(IsaKind::Base)
+    }
+
+    pub(crate) fn kind(self) -> IsaKind {
+        self.0
     }
 }
 
@@ -145,12 +161,12 @@ macro_rules! multiversion {
                 fn avx2($($arg: $ty),*) {
                     $body($($arg),*)
                 }
-                match isa {
-                    // SAFETY: `Isa::detect` saw the feature on this CPU.
-                    $crate::fused::simd::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                match isa.kind() {
+                    // SAFETY: only `Isa::detect` makes this kind, having seen the feature.
+                    $crate::fused::simd::IsaKind::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: as above.
-                    $crate::fused::simd::Isa::Avx2 => return unsafe { avx2($($arg),*) },
-                    $crate::fused::simd::Isa::Base => {}
+                    $crate::fused::simd::IsaKind::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::fused::simd::IsaKind::Base => {}
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]
