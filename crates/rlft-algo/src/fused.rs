@@ -120,10 +120,9 @@ mod flex {
             up: FloatTensor<Self>,
             grad: FloatTensor<Self>,
         ) -> (FloatTensor<Self>, FloatTensor<Self>);
-        /// `∂L/∂x` of a last-dim softmax from its output `y` and `grad`.
-        fn softmax_last_grad(y: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
-        /// `∂L/∂x` of a last-dim log-softmax from its output `y` and `grad`.
-        fn log_softmax_last_grad(
+        /// `∂L/∂x` of the last-dim row operation `op` from its output `y` and `grad`.
+        fn row_last_grad(
+            op: RowOp,
             y: FloatTensor<Self>,
             grad: FloatTensor<Self>,
         ) -> FloatTensor<Self>;
@@ -173,20 +172,28 @@ mod flex {
             Flex::float_mul(Flex::float_mul(gate, s), up)
         }
 
-        fn softmax_last(mut x: FlexTensor) -> FlexTensor {
-            let (shape, w) = rows_of(&x);
-            match f32s(&mut x) {
-                Some(v) => from_f32s(kernels::softmax(v, w), shape),
-                None => Flex::softmax(x, last_dim(&shape)),
-            }
+        fn softmax_last(x: FlexTensor) -> FlexTensor {
+            row_last(RowOp::Softmax, x)
         }
 
-        fn log_softmax_last(mut x: FlexTensor) -> FlexTensor {
-            let (shape, w) = rows_of(&x);
-            match f32s(&mut x) {
-                Some(v) => from_f32s(kernels::log_softmax(v, w), shape),
-                None => Flex::log_softmax(x, last_dim(&shape)),
-            }
+        fn log_softmax_last(x: FlexTensor) -> FlexTensor {
+            row_last(RowOp::LogSoftmax, x)
+        }
+    }
+
+    /// `op` over the last dim of a flex tensor: the kernel for f32, burn's otherwise.
+    fn row_last(op: RowOp, mut x: FlexTensor) -> FlexTensor {
+        let (shape, w) = rows_of(&x);
+        if let Some(v) = f32s(&mut x) {
+            let y = match op {
+                RowOp::Softmax => kernels::softmax(v, w),
+                RowOp::LogSoftmax => kernels::log_softmax(v, w),
+            };
+            return from_f32s(y, shape);
+        }
+        match op {
+            RowOp::Softmax => Flex::softmax(x, last_dim(&shape)),
+            RowOp::LogSoftmax => Flex::log_softmax(x, last_dim(&shape)),
         }
     }
 
@@ -205,20 +212,16 @@ mod flex {
             composed_silu_mul_grad::<Flex>(gate, up, grad)
         }
 
-        fn softmax_last_grad(mut y: FlexTensor, mut grad: FlexTensor) -> FlexTensor {
+        fn row_last_grad(op: RowOp, mut y: FlexTensor, mut grad: FlexTensor) -> FlexTensor {
             let (shape, w) = rows_of(&y);
             if let (Some(yv), Some(dy)) = (f32s(&mut y), f32s(&mut grad)) {
-                return from_f32s(kernels::softmax_grad(yv, dy, w), shape);
+                let dx = match op {
+                    RowOp::Softmax => kernels::softmax_grad(yv, dy, w),
+                    RowOp::LogSoftmax => kernels::log_softmax_grad(yv, dy, w),
+                };
+                return from_f32s(dx, shape);
             }
-            composed_softmax_grad::<Flex>(y, grad)
-        }
-
-        fn log_softmax_last_grad(mut y: FlexTensor, mut grad: FlexTensor) -> FlexTensor {
-            let (shape, w) = rows_of(&y);
-            if let (Some(yv), Some(dy)) = (f32s(&mut y), f32s(&mut grad)) {
-                return from_f32s(kernels::log_softmax_grad(yv, dy, w), shape);
-            }
-            composed_log_softmax_grad::<Flex>(y, grad)
+            composed_row_grad::<Flex>(op, y, grad)
         }
     }
 
@@ -237,24 +240,24 @@ mod flex {
         (dg, du)
     }
 
-    /// `y ⊙ (dy − Σ dy⊙y)`.
-    fn composed_softmax_grad<B: Backend>(
+    /// A row operation's input gradient from burn's operations: `y ⊙ (dy − Σ dy⊙y)` for the
+    /// softmax, `dy − exp(y) · Σ dy` for the log-softmax.
+    fn composed_row_grad<B: Backend>(
+        op: RowOp,
         y: FloatTensor<B>,
         grad: FloatTensor<B>,
     ) -> FloatTensor<B> {
         let dim = last_dim(&y.shape());
-        let dot = B::float_sum_dim(B::float_mul(grad.clone(), y.clone()), dim);
-        B::float_mul(y, B::float_sub(grad, dot))
-    }
-
-    /// `dy − exp(y) · Σ dy`.
-    fn composed_log_softmax_grad<B: Backend>(
-        y: FloatTensor<B>,
-        grad: FloatTensor<B>,
-    ) -> FloatTensor<B> {
-        let dim = last_dim(&y.shape());
-        let total = B::float_sum_dim(grad.clone(), dim);
-        B::float_sub(grad, B::float_mul(B::float_exp(y), total))
+        match op {
+            RowOp::Softmax => {
+                let dot = B::float_sum_dim(B::float_mul(grad.clone(), y.clone()), dim);
+                B::float_mul(y, B::float_sub(grad, dot))
+            }
+            RowOp::LogSoftmax => {
+                let total = B::float_sum_dim(grad.clone(), dim);
+                B::float_sub(grad, B::float_mul(B::float_exp(y), total))
+            }
+        }
     }
 
     /// `silu(gate) · up`'s autodiff step: keeps `gate` and `up`, one kernel call going back.
@@ -285,10 +288,12 @@ mod flex {
         }
     }
 
-    /// Which row-wise operation a [`RowStep`] differentiates.
+    /// A row-wise operation over the last dim.
     #[derive(Debug, Clone, Copy)]
-    enum RowOp {
+    pub enum RowOp {
+        /// Softmax.
         Softmax,
+        /// Log-softmax.
         LogSoftmax,
     }
 
@@ -303,11 +308,7 @@ mod flex {
             let grad = grads.consume::<B>(&ops.node);
             let [parent] = ops.parents;
             if let Some(node) = parent {
-                let dx = match self.0 {
-                    RowOp::Softmax => B::softmax_last_grad(ops.state, grad),
-                    RowOp::LogSoftmax => B::log_softmax_last_grad(ops.state, grad),
-                };
-                grads.register::<B>(node.id, dx);
+                grads.register::<B>(node.id, B::row_last_grad(self.0, ops.state, grad));
             }
         }
     }
