@@ -130,9 +130,12 @@ pub fn train(args: impl IntoIterator<Item = String>) -> Result<String, rlft_trai
 
 /// Usage of the `export` command.
 pub const EXPORT_USAGE: &str =
-    "usage: rlft export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR)
+    "usage: rlft export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR) [--force]
   SOURCE: a run folder (its final/, else its latest checkpoint), a checkpoint folder, a Hugging
-  Face checkpoint folder or a .gguf file";
+  Face checkpoint folder or a .gguf file
+  --hf DIR: a new or empty folder; --gguf OUT.gguf: a new file
+  --force: replace an existing OUT.gguf, or write into a non-empty DIR (files of the same names
+  are replaced, others kept); the source's own files are never overwritten";
 
 /// The `export` command: `export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR)`
 /// (`args` without the program and command names). Writes the model (LoRA merged) and returns
@@ -145,8 +148,20 @@ pub fn export(args: impl IntoIterator<Item = String>) -> Result<String, rlft_tra
     use rlft_model::GgufFileType;
     use rlft_train::TrainError;
     let usage = |e: String| TrainError::Usage(format!("{e}\n{EXPORT_USAGE}"));
-    let args =
-        Args::from_iter(args, &[("gguf", true), ("type", true), ("hf", true)]).map_err(usage)?;
+    let args = Args::from_iter(
+        args,
+        &[
+            ("gguf", true),
+            ("type", true),
+            ("hf", true),
+            ("force", false),
+            ("help", false),
+        ],
+    )
+    .map_err(usage)?;
+    if args.flag("help") {
+        return Ok(EXPORT_USAGE.to_string());
+    }
     let [source] = args.positional.as_slice() else {
         return Err(usage(format!(
             "one SOURCE expected, got {:?}",
@@ -173,8 +188,14 @@ pub fn export(args: impl IntoIterator<Item = String>) -> Result<String, rlft_tra
             ));
         }
     };
-    let model = rlft_train::export::load_source(std::path::Path::new(source))?;
     let out = std::path::Path::new(out);
+    let source = std::path::Path::new(source);
+    let target = match ty {
+        Some(_) => rlft_train::export::Target::Gguf(out),
+        None => rlft_train::export::Target::Hf(out),
+    };
+    rlft_train::export::check_target(source, target, args.flag("force"))?;
+    let model = rlft_train::export::load_source(source)?;
     let what = match ty {
         Some(ty) => {
             model.save_gguf(out, ty)?;
@@ -190,6 +211,140 @@ pub fn export(args: impl IntoIterator<Item = String>) -> Result<String, rlft_tra
         out.display(),
         model.config.model_type
     ))
+}
+
+/// Usage of the `serve` command.
+pub const SERVE_USAGE: &str =
+    "usage: rlft serve MODEL [--host 127.0.0.1] [--port 8000] [--device D] [--dtype f32|bf16|f16]
+                  [--served-model-name policy] [--api-key KEY] [--weight-version K]
+                  [--max-concurrent 1] [--max-queue 64] [--max-n 256] [--max-rows 4096]
+                  [--max-tokens N]
+  MODEL: anything `rlft export` takes (a run folder, a checkpoint, a Hugging Face folder, a .gguf)
+  --api-key (or RLFT_API_KEY): every route but /health needs Authorization: Bearer KEY
+  --port 0 takes any free port; the first line printed names the address";
+
+/// Why `rlft serve` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeCommandError {
+    /// A bad command line or a model that does not load.
+    #[error(transparent)]
+    Train(#[from] rlft_train::TrainError),
+    /// The server could not start, or failed.
+    #[error(transparent)]
+    Serve(#[from] rlft_serve::ServeError),
+}
+
+impl ServeCommandError {
+    /// The process exit status: 2 for a command line that cannot be run, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Train(e) => e.exit_code(),
+            Self::Serve(rlft_serve::ServeError::Config(_)) => 2,
+            Self::Serve(_) => 1,
+        }
+    }
+}
+
+/// The `serve` command (`args` without the program and command names): loads MODEL and serves
+/// it ([`rlft_serve`]) until Ctrl-C. `on_ready` gets the first line to print, naming the
+/// address.
+///
+/// # Errors
+/// A bad command line, a model that does not load, an address that cannot be bound.
+pub fn serve(
+    args: impl IntoIterator<Item = String>,
+    on_ready: impl FnOnce(&str),
+) -> Result<(), ServeCommandError> {
+    use rlft_train::TrainError;
+    let usage = |e: String| TrainError::Usage(format!("{e}\n{SERVE_USAGE}"));
+    let spec = [
+        ("host", true),
+        ("port", true),
+        ("device", true),
+        ("dtype", true),
+        ("served-model-name", true),
+        ("api-key", true),
+        ("weight-version", true),
+        ("max-concurrent", true),
+        ("max-queue", true),
+        ("max-n", true),
+        ("max-rows", true),
+        ("max-tokens", true),
+        ("help", false),
+    ];
+    let args = Args::from_iter(args, &spec).map_err(usage)?;
+    if args.flag("help") {
+        on_ready(SERVE_USAGE);
+        return Ok(());
+    }
+    let [model] = args.positional.as_slice() else {
+        return Err(usage(format!("one MODEL expected, got {:?}", args.positional)).into());
+    };
+    let defaults = rlft_serve::ServerConfig::new();
+    let api_key = args
+        .value("api-key")
+        .map(String::from)
+        .or_else(|| std::env::var("RLFT_API_KEY").ok());
+    let config = rlft_serve::ServerConfig {
+        host: args.value("host").unwrap_or(&defaults.host).to_string(),
+        port: args.get("port", defaults.port).map_err(usage)?,
+        served_model_name: args
+            .value("served-model-name")
+            .unwrap_or(&defaults.served_model_name)
+            .to_string(),
+        api_key,
+        max_concurrent: args
+            .get("max-concurrent", defaults.max_concurrent)
+            .map_err(usage)?,
+        max_queue: args.get("max-queue", defaults.max_queue).map_err(usage)?,
+        max_n: args.get("max-n", defaults.max_n).map_err(usage)?,
+        max_rows: args.get("max-rows", defaults.max_rows).map_err(usage)?,
+        max_tokens: args
+            .value("max-tokens")
+            .map(|v| {
+                v.parse()
+                    .map_err(|e| usage(format!("--max-tokens {v:?}: {e}")))
+            })
+            .transpose()?,
+        max_body_bytes: defaults.max_body_bytes,
+    };
+    if config.served_model_name.trim().is_empty() {
+        return Err(usage("--served-model-name is empty".into()).into());
+    }
+    let device: rlft_model::device::DeviceSpec = args
+        .get("device", rlft_model::device::DeviceSpec::Auto)
+        .map_err(usage)?;
+    let device = device.device().map_err(|e| usage(e.to_string()))?;
+    use rlft_train::recipe::ModelDtype;
+    let dtype = match args.value("dtype").unwrap_or("f32") {
+        "f32" => ModelDtype::F32,
+        "bf16" => ModelDtype::Bf16,
+        "f16" => ModelDtype::F16,
+        other => return Err(usage(format!("--dtype {other:?}: use f32, bf16 or f16")).into()),
+    };
+    let version = args.get("weight-version", 0u64).map_err(usage)?;
+    let source = std::path::Path::new(model);
+    let loaded = rlft_train::export::load_source(source)?;
+    let policy = rlft_serve::Policy {
+        model: burn::module::Module::to_device(loaded.model, &device)
+            .with_compute_dtype(dtype.float_dtype()),
+        tokenizer: loaded.tokenizer,
+        version,
+        config: loaded.config,
+    };
+    let context = policy.context();
+    let kind = policy.config.model_type.clone();
+    let server = config.start(policy)?;
+    on_ready(&format!(
+        "rlft serve: {model} as `{}` (weight version {version}, {kind}, context {context}) on {}",
+        config.served_model_name,
+        server.url()
+    ));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))
+        .map_err(|e| TrainError::Usage(format!("cannot install the Ctrl-C handler: {e}")))?;
+    Ok(server.wait(&stop)?)
 }
 
 #[cfg(test)]

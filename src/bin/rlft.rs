@@ -3,7 +3,8 @@
 //! ```text
 //! rlft train RECIPE.toml [--set KEY=VALUE]... [--device D] [--resume DIR]
 //! rlft train --resume DIR [--set KEY=VALUE]...
-//! rlft export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR)
+//! rlft export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR) [--force]
+//! rlft serve MODEL [--host 127.0.0.1] [--port 8000] [--device D] [--api-key KEY] ...
 //! rlft recipe keys
 //! ```
 //! The recipe is read from the TOML file, then `RLFT__SECTION__KEY` environment variables, then
@@ -22,10 +23,14 @@ const HELP: &str = "rlft: reinforcement-learning fine-tuning of language models
 
 usage: rlft train RECIPE.toml [--set KEY=VALUE]... [--device D] [--resume DIR]
        rlft train --resume DIR [--set KEY=VALUE]...
-       rlft export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR)
+       rlft export SOURCE (--gguf OUT.gguf [--type f32|f16|q8_0] | --hf DIR) [--force]
                              the model of a run folder (its final/, else its latest checkpoint),
                              a checkpoint, an HF folder or a GGUF file, LoRA merged; GGUF for
-                             llama, qwen2 and qwen3
+                             llama, qwen2 and qwen3; a new file or a new or empty folder
+                             (--force: replace an existing file or write into a folder)
+       rlft serve MODEL [--host 127.0.0.1] [--port 8000] [--device D] [--api-key KEY] ...
+                             serve MODEL (what export takes) with OpenAI's completions
+                             protocol and SGLang's /update_weights_from_disk; `rlft serve --help`
        rlft recipe keys      every recipe key: type, default, allowed values, meaning (Markdown)
        rlft --version";
 
@@ -55,6 +60,16 @@ fn main() -> ExitCode {
                 ExitCode::from(e.exit_code())
             }
         },
+        Some("serve") => match rlft::cli::serve(args, |line| {
+            println!("{line}");
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+        }) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(e.exit_code())
+            }
+        },
         Some("recipe") => match (args.next().as_deref(), args.next()) {
             (Some("keys"), None) => {
                 print!("{}", rlft::train::recipe::reference::reference_markdown());
@@ -79,7 +94,7 @@ fn main() -> ExitCode {
         }
         Some(other) => {
             eprintln!(
-                "error: unknown command '{other}'; the commands are 'train', 'export' and 'recipe keys'\n\n{HELP}"
+                "error: unknown command '{other}'; the commands are 'train', 'export', 'serve' and 'recipe keys'\n\n{HELP}"
             );
             ExitCode::from(2)
         }

@@ -4,6 +4,7 @@
 
 mod family;
 mod hf;
+mod hf_keys;
 mod hf_write;
 
 use burn::config::Config;

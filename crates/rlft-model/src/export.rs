@@ -65,6 +65,17 @@ pub struct LoraConfig {
     pub target_modules: Vec<String>,
 }
 
+/// The files [`Transformer::save_hf`] writes into its folder (the last three only for a
+/// tokenizer, and `chat_template.jinja` only for one with a chat template).
+pub const HF_EXPORT_FILES: [&str; 6] = [
+    "model.safetensors",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+];
+
 impl LoraConfig {
     /// Checks rank, alpha and module names.
     pub fn validate(&self) -> Result<()> {

@@ -32,7 +32,7 @@ pub use config::{
     WeightLayout,
 };
 pub use error::{ModelError, Result};
-pub use export::{GgufFileType, LORA_TARGETS, LoraConfig};
+pub use export::{GgufFileType, HF_EXPORT_FILES, LORA_TARGETS, LoraConfig};
 pub use gguf::GgufFile;
 pub use host::{DECODE_ROWS, HostKvCache, HostWeights};
 pub use layers::{

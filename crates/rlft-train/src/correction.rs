@@ -248,6 +248,23 @@ impl CorrectionSection {
                 ),
             ));
         }
+        // A threshold without what it bounds does nothing: refused, as the filters above.
+        if self.is_level.is_none() && self.is_threshold != Self::default().is_threshold {
+            return Err(bad(
+                "is_threshold",
+                "bounds the IS weights, and is_level is unset (no weights); set is_level or \
+                 remove is_threshold",
+            ));
+        }
+        if self.rejection.is_empty()
+            && self.rejection_threshold != Self::default().rejection_threshold
+        {
+            return Err(bad(
+                "rejection_threshold",
+                "applies to the rejection filters, and rejection is empty; list the filters \
+                 (e.g. rejection = [\"token_k1\"]) or remove rejection_threshold",
+            ));
+        }
         match (self.opsm, self.opsm_delta) {
             (Opsm::Off, Some(_)) => {
                 return Err(bad(

@@ -11,6 +11,109 @@ use burn::tensor::{DType, Device};
 use rlft_model::Pretrained;
 use std::path::Path;
 
+/// Where `rlft export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// A GGUF file.
+    Gguf(&'a Path),
+    /// A Hugging Face checkpoint folder.
+    Hf(&'a Path),
+}
+
+/// Checks, before anything is read or written, that exporting `source` to `target` loses
+/// nothing: the output path is not blank, is not the source and overwrites none of the
+/// source's files; without `force` it is not an existing file (GGUF) or a non-empty folder
+/// (Hugging Face: an existing empty folder is fine). With `force` the files the export writes
+/// replace those of the same name; other files of the folder stay.
+///
+/// # Errors
+/// [`TrainError::Usage`] naming the path and what to do.
+pub fn check_target(source: &Path, target: Target<'_>, force: bool) -> Result<()> {
+    let (flag, out) = match target {
+        Target::Gguf(p) => ("--gguf", p),
+        Target::Hf(p) => ("--hf", p),
+    };
+    let refuse = |msg: String| {
+        Err(TrainError::Usage(format!(
+            "{flag} {}: {msg}",
+            out.display()
+        )))
+    };
+    if out.to_string_lossy().trim().is_empty() {
+        return refuse(
+            match target {
+                Target::Gguf(_) => {
+                    "the output path is empty; name the file, e.g. --gguf model.gguf"
+                }
+                Target::Hf(_) => "the output path is empty; name a folder, e.g. --hf exported",
+            }
+            .into(),
+        );
+    }
+    let src = std::fs::canonicalize(source).map_err(|e| not_a_model(source, &format!(" ({e})")))?;
+    let dest = resolved(out);
+    if dest == src {
+        return refuse("is the source itself; write the export somewhere else".into());
+    }
+    let written: Vec<std::path::PathBuf> = match target {
+        Target::Gguf(_) => vec![dest.clone()],
+        Target::Hf(_) => rlft_model::HF_EXPORT_FILES
+            .iter()
+            .map(|f| dest.join(f))
+            .collect(),
+    };
+    if let Some(f) = written.iter().find(|f| f.starts_with(&src) && f.exists()) {
+        return refuse(format!(
+            "would overwrite {}, a file of the source {}; write the export somewhere else",
+            f.display(),
+            source.display()
+        ));
+    }
+    match target {
+        Target::Gguf(_) if out.is_dir() => refuse("is a folder; name a .gguf file".into()),
+        Target::Gguf(_) if out.exists() && !force => refuse(
+            "exists; choose another file, or pass --force to replace it".into(),
+        ),
+        Target::Hf(_) if out.exists() && !out.is_dir() => {
+            refuse("is a file; name a folder (new or empty)".into())
+        }
+        Target::Hf(_)
+            if !force
+                && std::fs::read_dir(out)
+                    .map(|mut d| d.next().is_some())
+                    .unwrap_or(false) =>
+        {
+            refuse(
+                "is a folder that is not empty; choose a new or empty folder, or pass --force                  to write the checkpoint's files into it (files of the same names are replaced)"
+                    .into(),
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `path` made absolute with its links resolved, as far as it exists (the rest appended).
+fn resolved(path: &Path) -> std::path::PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut rest = Vec::new();
+    let mut head = abs.as_path();
+    loop {
+        if let Ok(c) = std::fs::canonicalize(head) {
+            return rest
+                .iter()
+                .rev()
+                .fold(c, |p: std::path::PathBuf, n| p.join(n));
+        }
+        match (head.parent(), head.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                head = parent;
+            }
+            _ => return abs,
+        }
+    }
+}
+
 /// Loads the model `source` names (see the module documentation).
 ///
 /// # Errors
@@ -38,16 +141,18 @@ pub fn load_source(source: &Path) -> Result<Pretrained> {
                     .into(),
             });
         }
-        Err(_) => {
-            return Err(TrainError::Usage(format!(
-                "{} is not a model: export takes a run folder (its final/ or latest \
-                 checkpoint), a checkpoint folder, a Hugging Face checkpoint folder or a .gguf \
-                 file",
-                source.display()
-            )));
-        }
+        Err(_) => return Err(not_a_model(source, "")),
     };
     from_checkpoint(&dir, &device)
+}
+
+/// A SOURCE that is none of the things export takes (`why`: a note after the path).
+fn not_a_model(source: &Path, why: &str) -> TrainError {
+    TrainError::Usage(format!(
+        "{}{why} is not a model: export takes a run folder (its final/ or latest checkpoint), a \
+         checkpoint folder, a Hugging Face checkpoint folder or a .gguf file",
+        source.display()
+    ))
 }
 
 /// The policy of checkpoint `dir`, built from the recipe it stores, LoRA merged.
@@ -70,4 +175,60 @@ fn from_checkpoint(dir: &Path, device: &Device) -> Result<Pretrained> {
         config,
         tokenizer,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_targets_that_would_lose_data_are_refused() {
+        let tmp = std::env::temp_dir().join(format!("rlft-export-target-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let src = tmp.join("model");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("config.json"), "{}").unwrap();
+        let gguf = tmp.join("m.gguf");
+        std::fs::write(&gguf, "GGUF").unwrap();
+        let empty = tmp.join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let full = tmp.join("full");
+        std::fs::create_dir_all(&full).unwrap();
+        std::fs::write(full.join("notes.txt"), "keep").unwrap();
+        fn refused(src: &Path, t: Target<'_>, force: bool) -> String {
+            check_target(src, t, force).unwrap_err().to_string()
+        }
+        let err = |t: Target<'_>, force| refused(&src, t, force);
+        assert!(err(Target::Hf(Path::new("")), true).contains("empty"));
+        assert!(err(Target::Hf(Path::new("  ")), true).contains("empty"));
+        assert!(err(Target::Gguf(Path::new("")), true).contains("empty"));
+        assert!(err(Target::Hf(&src), true).contains("source itself"));
+        assert!(err(Target::Hf(&src.join("../model/")), true).contains("source itself"));
+        assert!(err(Target::Gguf(&src.join("config.json")), true).contains("would overwrite"));
+        assert!(
+            check_target(&gguf, Target::Gguf(&gguf), true)
+                .unwrap_err()
+                .to_string()
+                .contains("source itself")
+        );
+        assert!(err(Target::Gguf(&gguf), false).contains("--force"));
+        assert!(err(Target::Gguf(&empty), true).contains("is a folder"));
+        assert!(err(Target::Hf(&gguf), true).contains("is a file"));
+        assert!(err(Target::Hf(&full), false).contains("--force"));
+        // Allowed: a new path, an empty folder, an existing target with --force, a new file
+        // inside the source's folder.
+        check_target(&src, Target::Hf(&tmp.join("new/sub")), false).unwrap();
+        check_target(&src, Target::Hf(&empty), false).unwrap();
+        check_target(&src, Target::Hf(&full), true).unwrap();
+        check_target(&src, Target::Gguf(&gguf), true).unwrap();
+        check_target(&src, Target::Gguf(&src.join("model.gguf")), false).unwrap();
+        check_target(&src, Target::Hf(&src.join("hf")), false).unwrap();
+        assert!(
+            check_target(&tmp.join("missing"), Target::Hf(&empty), false)
+                .unwrap_err()
+                .to_string()
+                .contains("is not a model")
+        );
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
 }

@@ -12,6 +12,7 @@
 pub mod algorithm;
 pub mod checkpoint;
 pub mod correction;
+mod demos;
 pub mod distributed;
 mod eval;
 pub mod events;

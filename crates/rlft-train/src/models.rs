@@ -77,11 +77,16 @@ impl Models {
                 "algorithm.router_replay = true needs a mixture-of-experts model, and {} has no \
                  experts; set it to false, or give a Qwen3-MoE / Mixtral model (or \
                  model.scratch.experts > 0)",
-                if recipe.model.path.is_empty() {
-                    "the [model.scratch] model".to_string()
-                } else {
-                    format!("model.path {:?}", recipe.model.path)
-                }
+                model_name(recipe)
+            )));
+        }
+        if recipe.algorithm.moe_aux_coef > 0.0 && !policy.is_moe() {
+            return Err(TrainError::Recipe(format!(
+                "algorithm.moe_aux_coef = {} weighs the experts' load-balancing loss, and {} has \
+                 no experts; set it to 0, or give a Qwen3-MoE / Mixtral model (or \
+                 model.scratch.experts > 0)",
+                recipe.algorithm.moe_aux_coef,
+                model_name(recipe)
             )));
         }
         let policy = policy.with_compute_dtype(recipe.model.dtype.float_dtype());
@@ -150,5 +155,14 @@ impl Models {
             config,
         };
         Ok((models, tokenizer))
+    }
+}
+
+/// How errors name the recipe's model: its `model.path`, or the `[model.scratch]` model.
+fn model_name(recipe: &Recipe) -> String {
+    if recipe.model.path.is_empty() {
+        "the [model.scratch] model".to_string()
+    } else {
+        format!("model.path {:?}", recipe.model.path)
     }
 }

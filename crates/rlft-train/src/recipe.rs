@@ -588,6 +588,10 @@ pub struct SftSection {
     pub min_lr_ratio: f64,
     /// Global L2 norm the warm-up's gradients are clipped to (0: no clipping).
     pub grad_clip: f64,
+    /// Longest demonstration in tokens (prompt, completion and EOS); unset: the model's context
+    /// length, which it may not exceed. Longer `data.sft` rows are skipped without being
+    /// tokenised in full and counted in `sft/skipped`.
+    pub max_len: Option<usize>,
 }
 
 impl SftSection {
@@ -613,6 +617,7 @@ impl Default for SftSection {
             schedule: ScheduleKind::Constant,
             min_lr_ratio: 0.0,
             grad_clip: 1.0,
+            max_len: None,
         }
     }
 }

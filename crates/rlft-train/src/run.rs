@@ -5,6 +5,7 @@
 //! crash test kills at).
 
 use crate::checkpoint::{self, TrainerState};
+use crate::demos::Demo;
 use crate::events::{EVENTS_FILE, Timeline};
 use crate::metrics::{MetricsLog, StepMetrics};
 use crate::optim::{adamw, clip_grads};
@@ -210,9 +211,10 @@ impl Trainer {
         if self.learner.sft_optim.is_none() {
             self.learner.sft_optim = Some(self.sft_adamw());
         }
-        let eos = self.tokenizer.eos_ids.first().copied().unwrap_or(0);
+        let eos = crate::demos::eos(&self.tokenizer);
         let schedule = s.lr_schedule();
         let every = self.recipe.checkpoint.every;
+        let skipped = self.sft_set.as_ref().map_or(0, |d| d.skipped);
         for step in self.state.sft_step..s.steps {
             let start = Instant::now();
             let mut rows = Vec::with_capacity(s.batch_size);
@@ -220,12 +222,8 @@ impl Trainer {
                 let n = step * s.batch_size + i;
                 // `data.sft`'s demonstrations in file order, cycling; else the task's reference
                 // completions (observation turns masked out).
-                let (ex, turns) = match &self.sft_set {
-                    Some(set) => {
-                        let ex = set.examples[n % set.len()].clone();
-                        let text = ex.completion.clone().unwrap_or_default();
-                        (ex, vec![(text, false)])
-                    }
+                let demo = match &self.sft_set {
+                    Some(set) => set.rows[n % set.rows.len()].clone(),
                     None => {
                         let index = 1_000_000 + n as u64;
                         let mut ex = self.task.example(Split::Train, index);
@@ -233,20 +231,19 @@ impl Trainer {
                             ex = self.task.off_by_one(ex);
                         }
                         let turns = self.task.reference_turns(&ex);
-                        (ex, turns)
+                        let prompt = ex.prompt.render(&self.tokenizer)?;
+                        Demo::encode(&self.tokenizer, &prompt, &turns, eos, self.sft_max_len)?
+                            .ok_or_else(|| {
+                                TrainError::Recipe(format!(
+                                    "sft.max_len: the task's reference demonstration for {:?} is \
+                                     longer than {} tokens; raise sft.max_len",
+                                    ex.prompt.user_text(),
+                                    self.sft_max_len
+                                ))
+                            })?
                     }
                 };
-                let prompt = self.tokenizer.encode(&ex.prompt.render(&self.tokenizer)?)?;
-                let mut resp = Vec::new();
-                let mut mask = Vec::new();
-                for (text, obs) in turns {
-                    let ids = self.tokenizer.encode(&text)?;
-                    mask.extend(std::iter::repeat_n(if obs { 0.0 } else { 1.0 }, ids.len()));
-                    resp.extend(ids);
-                }
-                resp.push(eos);
-                mask.push(1.0);
-                rows.push(Row::demonstration(&prompt, &resp, mask));
+                rows.push(Row::demonstration(&demo.prompt, &demo.response, demo.mask));
             }
             let refs: Vec<&Row> = rows.iter().collect();
             let ids = self.pack(&refs);
@@ -271,6 +268,7 @@ impl Trainer {
             m.insert("loss".into(), json!(loss_v));
             m.insert("grad_norm".into(), json!(norm));
             m.insert("lr".into(), json!(lr));
+            m.insert("sft/skipped".into(), json!(skipped));
             m.insert("time/step_s".into(), json!(start.elapsed().as_secs_f64()));
             log.write(m)?;
             self.state.sft_step = step + 1;

@@ -13,6 +13,7 @@
 
 use crate::algorithm::{Extensions, ResolvedAlgorithm, resolve_algorithm};
 use crate::checkpoint::{self, TrainerState};
+use crate::demos::Demos;
 use crate::events::{EventKind, Timeline};
 use crate::models::Models;
 use crate::offpolicy::StepDiagnostics;
@@ -79,7 +80,9 @@ pub struct Trainer {
     pub(crate) train_set: Arc<Dataset>,
     pub(crate) eval_set: Vec<Example>,
     /// `data.sft`: the warm-up's demonstrations (else the task's reference completions).
-    pub(crate) sft_set: Option<Dataset>,
+    pub(crate) sft_set: Option<Demos>,
+    /// `sft.max_len` as it applies (the model's context length when unset).
+    pub(crate) sft_max_len: usize,
     /// The rollout stage's settings and data (shared with rollout workers).
     pub(crate) side: RolloutSide,
     /// How batches arrive: admission, lagged snapshots, rollout workers.
@@ -201,6 +204,15 @@ impl Trainer {
             sources.eval = eval.clone();
         }
         let (rewards, correctness) = crate::sources::rewards(&recipe, &task, &ext.rewards)?;
+        let sft_max_len =
+            crate::demos::max_len(recipe.sft.max_len, models.config.max_position_embeddings)?;
+        // Tokenised only when the warm-up runs.
+        let sft_set = match (&sources.sft, &recipe.data.sft) {
+            (Some(set), Some(path)) if recipe.sft.steps > 0 => {
+                Some(Demos::new(set, path, &tokenizer, sft_max_len)?)
+            }
+            _ => None,
+        };
         let learner_pool = recipe
             .asynchrony
             .learner_threads
@@ -258,7 +270,8 @@ impl Trainer {
             task,
             train_set,
             eval_set: sources.eval,
-            sft_set: sources.sft,
+            sft_set,
+            sft_max_len,
             state: TrainerState::new(stored),
             resumed: false,
         };

@@ -4,11 +4,10 @@
 //! `num_experts`). A key that is missing takes the value transformers' config class gives it,
 //! which is not always neutral (Gemma 2's soft-caps, Granite's `attention_multiplier`).
 
-use super::{
-    Activation, LayerType, Llama3RopeScaling, MoeConfig, NormPlacement, TransformerConfig,
-};
+use super::hf_keys::{Keys, Rope, parse_rope, rope_key};
+use super::{Activation, LayerType, MoeConfig, NormPlacement, TransformerConfig};
 use crate::{ModelError, Result};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::path::Path;
 
 /// The `model_type`s rlft loads.
@@ -28,131 +27,6 @@ pub const SUPPORTED: [&str; 14] = [
     "mixtral",
     "granite",
 ];
-
-/// A parsed `config.json`, with typed getters that tell a missing key from a `null` one.
-struct Keys<'a> {
-    map: &'a Map<String, Value>,
-    err: &'a dyn Fn(String) -> ModelError,
-}
-
-impl Keys<'_> {
-    fn get(&self, key: &str) -> Option<&Value> {
-        self.map.get(key)
-    }
-
-    fn usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_u64().map(|v| Some(v as usize)).ok_or_else(|| {
-                (self.err)(format!("'{key}' must be a non-negative integer, got {v}"))
-            }),
-        }
-    }
-
-    fn need_usize(&self, key: &str) -> Result<usize> {
-        self.usize(key)?
-            .ok_or_else(|| (self.err)(format!("missing '{key}'")))
-    }
-
-    fn f64(&self, key: &str) -> Result<Option<f64>> {
-        opt_f64(self.get(key), key, self.err)
-    }
-
-    /// `Ok(None)` missing, `Ok(Some(None))` explicitly `null`.
-    fn nullable_f64(&self, key: &str) -> Result<Option<Option<f64>>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Null) => Ok(Some(None)),
-            v => Ok(Some(opt_f64(v, key, self.err)?)),
-        }
-    }
-
-    fn bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err((self.err)(format!(
-                "'{key}' must be true or false, got {v}"
-            ))),
-        }
-    }
-
-    fn str(&self, key: &str) -> Option<&str> {
-        self.get(key).and_then(Value::as_str)
-    }
-}
-
-fn opt_f64(
-    v: Option<&Value>,
-    key: &str,
-    err: &dyn Fn(String) -> ModelError,
-) -> Result<Option<f64>> {
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_f64() {
-            Some(x) if x.is_finite() => Ok(Some(x)),
-            _ => Err(err(format!("'{key}' must be a finite number, got {v}"))),
-        },
-    }
-}
-
-/// One RoPE parameter set: θ and a scaling.
-#[derive(Default)]
-struct Rope {
-    theta: Option<f64>,
-    llama3: Option<Llama3RopeScaling>,
-    linear: Option<f64>,
-    partial_rotary_factor: Option<f64>,
-}
-
-fn parse_rope(v: Option<&Value>, err: &dyn Fn(String) -> ModelError) -> Result<Rope> {
-    let Some(Value::Object(m)) = v else {
-        return Ok(Rope::default());
-    };
-    let f = |k: &str| opt_f64(m.get(k), k, err);
-    let kind = m
-        .get("rope_type")
-        .or_else(|| m.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let mut rope = Rope {
-        theta: f("rope_theta")?,
-        partial_rotary_factor: f("partial_rotary_factor")?,
-        ..Rope::default()
-    };
-    match kind {
-        "default" => {}
-        "linear" => {
-            let factor = f("factor")?
-                .filter(|x| *x > 0.0)
-                .ok_or_else(|| err("linear rope scaling needs a positive 'factor'".into()))?;
-            rope.linear = Some(factor);
-        }
-        "llama3" => {
-            let need = |name: &str| {
-                f(name)?.ok_or_else(|| err(format!("llama3 rope scaling needs '{name}'")))
-            };
-            rope.llama3 = Some(Llama3RopeScaling {
-                factor: need("factor")?,
-                low_freq_factor: need("low_freq_factor")?,
-                high_freq_factor: need("high_freq_factor")?,
-                original_max_position_embeddings: need("original_max_position_embeddings")?,
-            });
-        }
-        "longrope" | "su" => {
-            return Err(err(format!(
-                "rope_type '{kind}' (Phi-3.5 / Phi-4-mini long-context scaling) is not \
-                 supported; supported: default, linear, llama3"
-            )));
-        }
-        other => {
-            return Err(err(format!(
-                "rope_type '{other}' is not supported (supported: default, linear, llama3)"
-            )));
-        }
-    }
-    Ok(rope)
-}
 
 impl TransformerConfig {
     /// Reads `config.json`.
@@ -232,9 +106,20 @@ impl TransformerConfig {
         } else {
             let mut r = parse_rope(params, &err)?;
             let scaling = parse_rope(k.get("rope_scaling"), &err)?;
-            if params.is_none() || (r.llama3.is_none() && r.linear.is_none()) {
-                r.llama3 = r.llama3.or(scaling.llama3);
-                r.linear = r.linear.or(scaling.linear);
+            let scaled = |r: &Rope| r.llama3.is_some() || r.linear.is_some();
+            if scaled(&r)
+                && scaled(&scaling)
+                && (r.llama3 != scaling.llama3 || r.linear != scaling.linear)
+            {
+                return Err(err(
+                    "'rope_parameters' and 'rope_scaling' are two spellings of the RoPE scaling \
+                     and disagree; keep one of them, or give both the same scaling"
+                        .into(),
+                ));
+            }
+            if !scaled(&r) {
+                r.llama3 = scaling.llama3;
+                r.linear = scaling.linear;
             }
             r
         };
@@ -243,8 +128,10 @@ impl TransformerConfig {
             _ => 1e4,
         };
         let rope_theta = k
-            .f64("rope_theta")?
-            .or(global.theta)
+            .agree(
+                ("rope_theta", k.f64("rope_theta")?),
+                (rope_key(per_type, "rope_theta"), global.theta),
+            )?
             .unwrap_or(default_theta);
         let rope_local_theta = if family == "gemma3_text" {
             let local = if per_type {
@@ -252,13 +139,22 @@ impl TransformerConfig {
             } else {
                 None
             };
-            Some(local.or(k.f64("rope_local_base_freq")?).unwrap_or(1e4))
+            let local = k.agree(
+                ("rope_parameters.sliding_attention.rope_theta", local),
+                ("rope_local_base_freq", k.f64("rope_local_base_freq")?),
+            )?;
+            Some(local.unwrap_or(1e4))
         } else {
             None
         };
         let partial_rotary_factor = k
-            .f64("partial_rotary_factor")?
-            .or(global.partial_rotary_factor)
+            .agree(
+                ("partial_rotary_factor", k.f64("partial_rotary_factor")?),
+                (
+                    rope_key(per_type, "partial_rotary_factor"),
+                    global.partial_rotary_factor,
+                ),
+            )?
             .unwrap_or(1.0);
         if !(partial_rotary_factor > 0.0 && partial_rotary_factor <= 1.0) {
             return Err(err(format!(
@@ -314,10 +210,9 @@ impl TransformerConfig {
                 })
                 .collect(),
             (Some(_), _) if family == "gemma3_text" => {
-                let pattern = match k.usize("sliding_window_pattern")? {
-                    Some(p) => p,
-                    None => k.usize("_sliding_window_pattern")?.unwrap_or(6),
-                };
+                let pattern = k
+                    .usize_either("sliding_window_pattern", "_sliding_window_pattern")?
+                    .unwrap_or(6);
                 if pattern == 0 {
                     return Err(err("sliding_window_pattern must be at least 1".into()));
                 }
@@ -379,10 +274,9 @@ impl TransformerConfig {
 
         let moe = match family {
             "qwen3_moe" => {
-                let experts = match k.usize("num_experts")? {
-                    Some(e) => e,
-                    None => k.usize("num_local_experts")?.unwrap_or(128),
-                };
+                let experts = k
+                    .usize_either("num_experts", "num_local_experts")?
+                    .unwrap_or(128);
                 let mlp_only = match k.get("mlp_only_layers") {
                     None | Some(Value::Null) => Vec::new(),
                     Some(Value::Array(v)) => v
@@ -405,7 +299,9 @@ impl TransformerConfig {
                 })
             }
             "mixtral" => Some(MoeConfig {
-                num_experts: k.usize("num_local_experts")?.unwrap_or(8),
+                num_experts: k
+                    .usize_either("num_local_experts", "num_experts")?
+                    .unwrap_or(8),
                 experts_per_token: k.usize("num_experts_per_tok")?.unwrap_or(2),
                 expert_intermediate_size: k.need_usize("intermediate_size")?,
                 norm_topk_prob: true,
@@ -540,6 +436,71 @@ mod tests {
         assert_eq!(mixtral.rope_theta, 1e6);
         assert_eq!(mixtral.moe.unwrap().experts_per_token, 2);
         assert_eq!(parse("olmo2", "").unwrap().rms_norm_eps, 1e-5);
+    }
+
+    #[test]
+    fn two_spellings_that_disagree_are_refused_naming_both() {
+        for (family, keys, names) in [
+            (
+                "qwen3_moe",
+                r#","num_experts":8,"num_local_experts":4"#,
+                ["'num_experts' (8)", "'num_local_experts' (4)"],
+            ),
+            (
+                "mixtral",
+                r#","num_experts":8,"num_local_experts":4"#,
+                ["'num_local_experts' (4)", "'num_experts' (8)"],
+            ),
+            (
+                "llama",
+                r#","rope_theta":10000.0,"rope_parameters":{"rope_theta":500000.0}"#,
+                ["'rope_theta'", "'rope_parameters.rope_theta'"],
+            ),
+            (
+                "phi3",
+                r#","partial_rotary_factor":0.5,"rope_parameters":{"partial_rotary_factor":0.75}"#,
+                [
+                    "'partial_rotary_factor'",
+                    "'rope_parameters.partial_rotary_factor'",
+                ],
+            ),
+            (
+                "gemma3_text",
+                r#","head_dim":8,"sliding_window_pattern":3,"_sliding_window_pattern":6"#,
+                ["'sliding_window_pattern'", "'_sliding_window_pattern'"],
+            ),
+            (
+                "gemma3_text",
+                r#","head_dim":8,"rope_local_base_freq":1e4,
+                "rope_parameters":{"full_attention":{"rope_theta":1e6},
+                "sliding_attention":{"rope_theta":2e4}}"#,
+                [
+                    "'rope_parameters.sliding_attention.rope_theta'",
+                    "'rope_local_base_freq'",
+                ],
+            ),
+            (
+                "llama",
+                r#","rope_parameters":{"rope_type":"linear","factor":2.0},
+                "rope_scaling":{"rope_type":"linear","factor":4.0}"#,
+                ["'rope_parameters'", "'rope_scaling'"],
+            ),
+        ] {
+            let e = parse(family, keys).unwrap_err().to_string();
+            for n in names {
+                assert!(e.contains(n), "{family} {keys}: {e}");
+            }
+            assert!(e.contains("disagree"), "{e}");
+        }
+        // Both spellings with one value are one setting.
+        let both = parse("qwen3_moe", r#","num_experts":16,"num_local_experts":16"#).unwrap();
+        assert_eq!(both.moe.unwrap().num_experts, 16);
+        let both = parse(
+            "llama",
+            r#","rope_theta":5e5,"rope_parameters":{"rope_theta":5e5,"rope_type":"default"}"#,
+        )
+        .unwrap();
+        assert_eq!(both.rope_theta, 5e5);
     }
 
     #[test]

@@ -135,6 +135,7 @@ impl Recipe {
             ("algorithm.micro_batch_size", a.micro_batch_size, 1),
             ("algorithm.max_gen_batches", a.max_gen_batches, 0),
             ("sft.batch_size", self.sft.batch_size, 0),
+            ("sft.max_len", self.sft.max_len.unwrap_or(1), 1),
             ("eval.size", self.eval.size, 1),
             ("eval.k", self.eval.k, 1),
         ] {
@@ -193,6 +194,7 @@ impl Recipe {
             ("algorithm.entropy_coef", a.entropy_coef),
             ("algorithm.value_coef", a.value_coef),
             ("algorithm.overlong_factor", a.overlong_factor),
+            ("algorithm.moe_aux_coef", a.moe_aux_coef),
             ("optimizer.weight_decay", self.optimizer.weight_decay),
             ("optimizer.grad_clip", self.optimizer.grad_clip),
             ("sft.grad_clip", self.sft.grad_clip),
@@ -201,6 +203,39 @@ impl Recipe {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(k, format!("must be a finite number ≥ 0, got {v}"));
             }
+        }
+        if a.kl_bias_correction {
+            if a.kl_coef == 0.0 {
+                return bad(
+                    "algorithm.kl_bias_correction",
+                    "multiplies the loss's reference KL by the importance ratio, and \
+                     algorithm.kl_coef = 0 puts no KL in the loss; set kl_coef > 0 or remove \
+                     kl_bias_correction"
+                        .into(),
+                );
+            }
+            if a.kl_placement == super::KlPlacement::Reward {
+                return bad(
+                    "algorithm.kl_bias_correction",
+                    "multiplies the loss's reference KL by the importance ratio, and \
+                     algorithm.kl_placement = \"reward\" puts the KL in the reward instead; set \
+                     kl_placement = \"loss\" or remove kl_bias_correction"
+                        .into(),
+                );
+            }
+        }
+        if a.sampling_mask == crate::correction::SamplingMask::Off
+            && r.sampling_mask_max_ids != super::RolloutSection::default().sampling_mask_max_ids
+        {
+            return bad(
+                "rollout.sampling_mask_max_ids",
+                format!(
+                    "bounds the kept sets that algorithm.sampling_mask = \"replay\" records, and \
+                     algorithm.sampling_mask is \"off\"; remove it (got {}) or set \
+                     sampling_mask = \"replay\"",
+                    r.sampling_mask_max_ids
+                ),
+            );
         }
         for (k, v) in [("optimizer.lr", self.optimizer.lr), ("sft.lr", self.sft.lr)] {
             if !(v.is_finite() && v > 0.0 && v < 1.0) {
@@ -310,6 +345,18 @@ impl Recipe {
                 format!(
                     "must be between 1 and model.scratch.experts ({}), got {}",
                     s.experts, s.experts_per_token
+                ),
+            );
+        }
+        if s.experts == 0
+            && s.experts_per_token != super::ScratchSection::default().experts_per_token
+        {
+            return bad(
+                "model.scratch.experts_per_token",
+                format!(
+                    "routes tokens among experts, and model.scratch.experts = 0 makes a dense \
+                     model; remove it (got {}) or set model.scratch.experts > 0",
+                    s.experts_per_token
                 ),
             );
         }
