@@ -238,13 +238,7 @@ fn settings_that_do_nothing_are_refused_naming_both_keys() {
             &[expect[0], expect[1], "config.json"],
         );
     }
-    let failed = run_cases(&cases);
-    println!(
-        "{} passed, {} failed",
-        cases.len() - failed.len(),
-        failed.len()
-    );
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    check_all(cases.len(), &run_cases(&cases));
 }
 
 /// `rlft export` refuses, before anything is read or written, an empty output path, the source
@@ -344,13 +338,7 @@ fn export_never_overwrites_unasked() {
         ),
         export("hf onto a file", &["--hf", a_file], &["is a file"], None),
     ];
-    let failed = run_cases(&cases);
-    println!(
-        "{} passed, {} failed",
-        cases.len() - failed.len(),
-        failed.len()
-    );
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    check_all(cases.len(), &run_cases(&cases));
     assert_eq!(fingerprint(&src), before, "the source changed");
     assert_eq!(
         std::fs::read_to_string(existing).unwrap(),

@@ -5,49 +5,14 @@
 //! key guards every route but `/health`; a refused weight update leaves the old version serving.
 //! Every server started here is killed when its test ends, also on failure.
 
+#[path = "support/cli.rs"]
+mod cli;
+
+use cli::{Scratch, check_all, root, tiny_llama};
 use serde_json::{Value, json};
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn tiny_llama() -> PathBuf {
-    root().join("tests/data/fixtures/tiny-llama")
-}
-
-/// A scratch folder for one test.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("rlft-serve-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Self(d)
-    }
-
-    /// A copy of the files of `src` at `name`.
-    fn copy(&self, src: &Path, name: &str) -> PathBuf {
-        let dst = self.0.join(name);
-        std::fs::create_dir_all(&dst).unwrap();
-        for e in std::fs::read_dir(src).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_file() {
-                std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
-            }
-        }
-        dst
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A running `rlft serve`, killed on drop.
 struct Serve {
@@ -279,8 +244,8 @@ fn chat_runs_through_the_template_and_is_refused_without_one() {
     assert_eq!(v["error"]["param"], "model");
     drop(s);
 
-    let tmp = Scratch::new("no-template");
-    let bare = tmp.copy(&tiny_llama(), "bare");
+    let tmp = Scratch::new();
+    let bare = tmp.copy_dir(&tiny_llama(), "bare");
     std::fs::remove_file(bare.join("chat_template.jinja")).unwrap();
     let s = Serve::start(&bare, &[]);
     let (status, v) = s.post(
@@ -379,12 +344,7 @@ fn bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving() {
     if status != 404 {
         failed.push(format!("unknown route: {status}"));
     }
-    println!(
-        "{} passed, {} failed",
-        cases.len() + chat.len() + 1 - failed.len(),
-        failed.len()
-    );
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    check_all(cases.len() + chat.len() + 1, &failed);
     s.complete(json!({"prompt": "still serving", "max_tokens": 3}));
     let (_, metrics) = s.get("/metrics");
     assert!(
@@ -414,11 +374,11 @@ fn the_api_key_guards_every_route_but_health() {
 
 #[test]
 fn a_refused_update_leaves_the_old_version_serving() {
-    let tmp = Scratch::new("updates");
+    let tmp = Scratch::new();
     let s = Serve::start(&tiny_llama(), &[]);
     let ask = json!({"prompt": [1, 17, 42], "max_tokens": 6, "seed": 7, "n": 2});
     let before = s.complete(ask.clone());
-    let cut = tmp.copy(&tiny_llama(), "cut");
+    let cut = tmp.copy_dir(&tiny_llama(), "cut");
     let f = cut.join("model.safetensors");
     let bytes = std::fs::read(&f).unwrap();
     std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
@@ -454,7 +414,7 @@ fn a_refused_update_leaves_the_old_version_serving() {
     assert_eq!(ids(&s.complete(ask.clone())), ids(&before));
 
     // A good update: the same weights as version 5 sample the same tokens, labelled 5.
-    let same = tmp.copy(&tiny_llama(), "v5");
+    let same = tmp.copy_dir(&tiny_llama(), "v5");
     let (status, v) = s.post(
         "/update_weights_from_disk",
         &json!({"model_path": same, "weight_version": "5"}),
@@ -502,7 +462,7 @@ print(json.dumps({"text": c.text, "tokens": c.logprobs.tokens,
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     let n = v["tokens"].as_array().unwrap().len();
-    assert!(n >= 1 && n <= 5, "{v}");
+    assert!((1..=5).contains(&n), "{v}");
     assert_eq!(v["logprobs"].as_array().unwrap().len(), n);
     assert_eq!(v["completion_tokens"], n);
     let direct = s.complete(json!({"prompt": "Hello", "max_tokens": 5, "seed": 3, "logprobs": 1}));

@@ -1,6 +1,6 @@
-//! Helpers of the tests that run the `rlft` binary on bad input (`bad_input.rs`,
-//! `bad_input_bounds.rs`): scratch folders, cases that must fail with a clear message, and the
-//! runner that checks them. Each test file uses a part of them.
+//! Helpers of the tests that run the `rlft` binary (`bad_input.rs`, `bad_input_bounds.rs`,
+//! `serve.rs`): scratch folders, cases that must fail with a clear message, and the runner
+//! that checks them. Each test file uses a part of them.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -167,6 +167,13 @@ pub fn train_ok(out: &Path, sets: &[&str]) {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
+}
+
+/// Prints `N passed, M failed` for `total` cases, and fails the test with a line for each
+/// failure when any failed.
+pub fn check_all(total: usize, failed: &[String]) {
+    println!("{} passed, {} failed", total - failed.len(), failed.len());
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 /// Runs every case; returns a line for each that did not end as it must.

@@ -8,7 +8,7 @@ pub struct ServerConfig {
     /// The address to bind (loopback unless told otherwise).
     #[config(default = "String::from(\"127.0.0.1\")")]
     pub host: String,
-    /// The port (0: any free one; [`Server::addr`] tells which).
+    /// The port (0: any free one; [`Server::addr`](crate::Server::addr) tells which).
     #[config(default = 8000)]
     pub port: u16,
     /// The name requests must give as `model` (another name is a 404).
