@@ -218,7 +218,7 @@ pub const SERVE_USAGE: &str =
     "usage: rlft serve MODEL [--host 127.0.0.1] [--port 8000] [--device D] [--dtype f32|bf16|f16]
                   [--served-model-name policy] [--api-key KEY] [--weight-version K]
                   [--max-concurrent 1] [--max-queue 64] [--max-n 256] [--max-rows 4096]
-                  [--max-tokens N]
+                  [--max-tokens N] [--max-batch-tokens 262144] [--max-body-bytes 67108864]
   MODEL: anything `rlft export` takes (a run folder, a checkpoint, a Hugging Face folder, a .gguf)
   --api-key (or RLFT_API_KEY): every route but /health needs Authorization: Bearer KEY
   --port 0 takes any free port; the first line printed names the address";
@@ -270,6 +270,8 @@ pub fn serve(
         ("max-n", true),
         ("max-rows", true),
         ("max-tokens", true),
+        ("max-batch-tokens", true),
+        ("max-body-bytes", true),
         ("help", false),
     ];
     let args = Args::from_iter(args, &spec).map_err(usage)?;
@@ -306,7 +308,12 @@ pub fn serve(
                     .map_err(|e| usage(format!("--max-tokens {v:?}: {e}")))
             })
             .transpose()?,
-        max_body_bytes: defaults.max_body_bytes,
+        max_batch_tokens: args
+            .get("max-batch-tokens", defaults.max_batch_tokens)
+            .map_err(usage)?,
+        max_body_bytes: args
+            .get("max-body-bytes", defaults.max_body_bytes)
+            .map_err(usage)?,
     };
     if config.served_model_name.trim().is_empty() {
         return Err(usage("--served-model-name is empty".into()).into());

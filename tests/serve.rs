@@ -40,10 +40,18 @@ impl Serve {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        // The first line names the address; a server that never gets there fails the test.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(120)) else {
+            let _ = child.kill();
+            panic!("rlft serve printed no address within 120 s");
+        };
         let url = match line.split(" on ").last().map(str::trim) {
             Some(u) if u.starts_with("http://127.0.0.1:") => u.to_string(),
             _ => {
@@ -261,7 +269,10 @@ fn chat_runs_through_the_template_and_is_refused_without_one() {
 
 #[test]
 fn bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving() {
-    let s = Serve::start(&tiny_llama(), &["--max-n", "16"]);
+    let s = Serve::start(
+        &tiny_llama(),
+        &["--max-n", "16", "--max-batch-tokens", "2000"],
+    );
     let long: Vec<u32> = vec![5; 300];
     let cases: Vec<(Value, &str, u16)> = vec![
         (json!("{\"prompt\": "), "JSON", 400),
@@ -315,6 +326,21 @@ fn bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving() {
             "return_kept_ids",
             400,
         ),
+        (
+            json!({"prompt": "hi", "n": 16, "max_tokens": 200}),
+            "max-batch-tokens",
+            400,
+        ),
+        (
+            json!({"prompt": "hi", "presence_penalty": 0.5}),
+            "presence_penalty",
+            400,
+        ),
+        (
+            json!({"prompt": "hi", "logit_bias": {"5": 10}}),
+            "logit_bias",
+            400,
+        ),
         (json!({"prompt": "hi", "model": "gpt-4"}), "model", 404),
     ];
     let mut failed = Vec::new();
@@ -348,7 +374,7 @@ fn bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving() {
     s.complete(json!({"prompt": "still serving", "max_tokens": 3}));
     let (_, metrics) = s.get("/metrics");
     assert!(
-        metrics.contains("rlft_request_errors_total 31"),
+        metrics.contains("rlft_request_errors_total 34"),
         "{metrics}"
     );
 }

@@ -32,6 +32,10 @@ pub struct ServerConfig {
     /// The largest `max_tokens` (unset: the model's context length).
     #[config(default = "None")]
     pub max_tokens: Option<usize>,
+    /// The most tokens one request may hold: over its samples, prompt and `max_tokens`
+    /// together (the KV cache it needs grows with it).
+    #[config(default = 262_144)]
+    pub max_batch_tokens: usize,
     /// The largest request body in bytes.
     #[config(default = 67_108_864)]
     pub max_body_bytes: usize,

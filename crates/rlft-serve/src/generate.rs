@@ -12,6 +12,15 @@ use crate::state::Policy;
 use rlft_model::ChatMessage;
 use rlft_rollout::{Completion, FinishReason, Sampler, SamplingConfig};
 
+/// `max_tokens` of a completion request that gives none (OpenAI's and vLLM's default).
+pub const DEFAULT_MAX_TOKENS: usize = 16;
+
+/// The largest `max_tokens` the server takes for `policy`.
+pub fn most_tokens(policy: &Policy, limits: &ServerConfig) -> usize {
+    let context = policy.context();
+    limits.max_tokens.unwrap_or(context).min(context)
+}
+
 /// Default `kept_ids_max` with `return_kept_ids` (as `rollout.sampling_mask_max_ids`).
 pub const DEFAULT_KEPT_IDS_MAX: usize = 1024;
 
@@ -165,6 +174,33 @@ pub fn job(
             "streaming is not served; leave it out or set it to false",
         ));
     }
+    for (key, given, neutral) in [
+        ("presence_penalty", s.presence_penalty, 0.0),
+        ("frequency_penalty", s.frequency_penalty, 0.0),
+        ("repetition_penalty", s.repetition_penalty, 1.0),
+    ] {
+        if given.is_some_and(|v| v != neutral) {
+            return Err(ApiError::bad(
+                key,
+                format!(
+                    "is not served (the returned log μ would not be of the distribution asked \
+                     for); leave it out or set it to {neutral}"
+                ),
+            ));
+        }
+    }
+    if s.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+        return Err(ApiError::bad(
+            "logit_bias",
+            "is not served; leave it out or send an empty map",
+        ));
+    }
+    if s.min_tokens.is_some_and(|m| m > 0) {
+        return Err(ApiError::bad(
+            "min_tokens",
+            "is not served; leave it out or set it to 0",
+        ));
+    }
     let n = s.n.unwrap_or(1);
     if n == 0 || n > limits.max_n {
         return Err(ApiError::bad(
@@ -188,7 +224,7 @@ pub fn job(
         ));
     }
     let context = policy.context();
-    let most = limits.max_tokens.unwrap_or(context).min(context);
+    let most = most_tokens(policy, limits);
     if max_tokens == 0 || max_tokens > most {
         return Err(ApiError::bad(
             "max_tokens",
@@ -211,6 +247,18 @@ pub fn job(
                 ),
             ));
         }
+    }
+    let tokens: usize = prompts.iter().map(|p| (p.len() + max_tokens) * n).sum();
+    if tokens > limits.max_batch_tokens {
+        return Err(ApiError::bad(
+            "max_tokens",
+            format!(
+                "the request holds {tokens} tokens over its samples (prompt and max_tokens, \
+                 times n), more than the server's --max-batch-tokens {}; send fewer rows, a \
+                 smaller n or a lower max_tokens",
+                limits.max_batch_tokens
+            ),
+        ));
     }
     let temperature = s.temperature.unwrap_or(1.0);
     if !(temperature.is_finite() && temperature >= 0.0) {

@@ -58,6 +58,8 @@ impl ServerConfig {
             ("max_n", self.max_n),
             ("max_rows", self.max_rows),
             ("max_body_bytes", self.max_body_bytes),
+            ("max_batch_tokens", self.max_batch_tokens),
+            ("max_tokens", self.max_tokens.unwrap_or(1)),
         ] {
             if v == 0 {
                 return Err(ServeError::Config(format!("{key} must be at least 1")));

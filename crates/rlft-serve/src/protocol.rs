@@ -41,6 +41,17 @@ pub struct Sampling {
     /// rlft: recompute `log μ` with one full forward pass over the finished batch, in the
     /// learner's layout ([`SamplingConfig::rescore`](rlft_rollout::SamplingConfig::rescore)).
     pub rescore: Option<bool>,
+    /// Not served: a value other than 0 is refused (it would change the distribution μ is
+    /// taken under).
+    pub presence_penalty: Option<f64>,
+    /// Not served: a value other than 0 is refused.
+    pub frequency_penalty: Option<f64>,
+    /// Not served (vLLM): a value other than 1 is refused.
+    pub repetition_penalty: Option<f64>,
+    /// Not served: a non-empty map is refused.
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Not served (vLLM): a value other than 0 is refused.
+    pub min_tokens: Option<usize>,
 }
 
 /// `stop`: one string or several.
@@ -131,6 +142,11 @@ pub const SAMPLING_FIELDS: &[&str] = &[
     "kept_ids_max",
     "return_routing",
     "rescore",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "min_tokens",
 ];
 
 /// One chat message of a request: `content` a text or a list of text parts.

@@ -158,16 +158,11 @@ impl Drop for InFlight {
     }
 }
 
-/// Waits for a generation slot (503 when `max_queue` requests already wait) and computes `job`
-/// on a blocking thread; the slot is held until the computation ends, also when the client has
-/// gone.
-async fn compute(
-    st: &Arc<State>,
-    job: Job,
-    policy: Arc<Policy>,
-) -> Result<(Job, Vec<Sample>), ApiError> {
+/// Counts a request in flight from its first byte: a 503 at once when `max_concurrent` +
+/// `max_queue` requests are already in, so what requests hold stays bounded by settings.
+fn admit(st: &Arc<State>) -> Result<InFlight, ApiError> {
     let before = st.counters.in_flight.fetch_add(1, Ordering::Relaxed);
-    let guard = InFlight(st.clone());
+    let ticket = InFlight(st.clone());
     let cap = (st.config.max_concurrent + st.config.max_queue) as u64;
     if before >= cap {
         return Err(ApiError::new(
@@ -179,15 +174,51 @@ async fn compute(
             ),
         ));
     }
+    Ok(ticket)
+}
+
+/// Reads the body and turns it into `T` on a blocking thread, at most [`PARSERS`] bodies at a
+/// time.
+///
+/// [`PARSERS`]: crate::state::PARSERS
+async fn prepared<T: Send + 'static>(
+    st: &Arc<State>,
+    body: Body,
+    prepare: impl FnOnce(&State, &[u8]) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let permit =
+        st.parsing.clone().acquire_owned().await.map_err(|_| {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping")
+        })?;
+    let bytes = read_body(body, st.config.max_body_bytes).await?;
+    let shared = st.clone();
+    tokio::task::spawn_blocking(move || {
+        let out = prepare(&shared, &bytes);
+        drop(permit);
+        out
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+}
+
+/// Waits for a generation slot, then computes `job` on the policy serving at that moment, on a
+/// blocking thread. The slot and the ticket are held until the computation ends, also when the
+/// client has gone.
+async fn compute(
+    st: &Arc<State>,
+    job: Job,
+    ticket: InFlight,
+) -> Result<(Job, Vec<Sample>, Arc<Policy>), ApiError> {
     let permit =
         st.slots.clone().acquire_owned().await.map_err(|_| {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping")
         })?;
+    let policy = st.policy();
     let prompt_tokens: usize = job.prompts.iter().map(Vec::len).sum();
-    let (job, out) = tokio::task::spawn_blocking(move || {
+    let (job, out, policy) = tokio::task::spawn_blocking(move || {
         let out = generate::run(&job, &policy);
-        drop((permit, guard));
-        (job, out)
+        drop((permit, ticket));
+        (job, out, policy)
     })
     .await
     .map_err(|e| {
@@ -202,7 +233,7 @@ async fn compute(
         .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
     let tokens: usize = samples.iter().map(|s| s.completion.tokens.len()).sum();
     c.tokens.fetch_add(tokens as u64, Ordering::Relaxed);
-    Ok((job, samples))
+    Ok((job, samples, policy))
 }
 
 fn now() -> u64 {
@@ -221,26 +252,18 @@ fn usage(job: &Job, samples: &[Sample]) -> Usage {
     }
 }
 
-async fn completions(Shared(st): Shared<Arc<State>>, body: Body) -> Response {
-    let r = completions_inner(&st, body).await;
-    answered(&st, r)
-}
-
-async fn completions_inner(
-    st: &Arc<State>,
-    body: Body,
-) -> Result<axum::Json<CompletionResponse>, ApiError> {
-    let value = json(&read_body(body, st.config.max_body_bytes).await?)?;
+/// A completions body read and checked: the request and the job it asks for.
+fn prepare_completion(st: &State, bytes: &[u8]) -> Result<(CompletionRequest, Job), ApiError> {
+    let value = json(bytes)?;
     let known = [COMPLETION_FIELDS, SAMPLING_FIELDS];
     let mut req: CompletionRequest = parse(&value, &known, "/v1/completions")?;
     req.sampling = parse(&value, &known, "")?;
-    let sampling = req.sampling.clone();
-    check_model(&sampling, st)?;
+    check_model(&req.sampling, st)?;
     if req.echo == Some(true) {
         return Err(ApiError::bad("echo", "echoing the prompt is not served"));
     }
     if let Some(b) = req.best_of
-        && b != sampling.n.unwrap_or(1)
+        && b != req.sampling.n.unwrap_or(1)
     {
         return Err(ApiError::bad(
             "best_of",
@@ -250,17 +273,29 @@ async fn completions_inner(
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::bad("suffix", "suffixes are not served"));
     }
+    // The architecture and tokenizer, which no update changes.
     let policy = st.policy();
     let prompts = generate::prompt_rows(&req.prompt, &policy)?;
-    let job = generate::job(
-        &sampling,
-        prompts,
-        req.max_tokens.unwrap_or(16),
-        &policy,
-        &st.config,
-    )?;
+    let max_tokens = req
+        .max_tokens
+        .unwrap_or(generate::DEFAULT_MAX_TOKENS.min(generate::most_tokens(&policy, &st.config)));
+    let job = generate::job(&req.sampling, prompts, max_tokens, &policy, &st.config)?;
+    Ok((req, job))
+}
+
+async fn completions(Shared(st): Shared<Arc<State>>, body: Body) -> Response {
+    let r = completions_inner(&st, body).await;
+    answered(&st, r)
+}
+
+async fn completions_inner(
+    st: &Arc<State>,
+    body: Body,
+) -> Result<axum::Json<CompletionResponse>, ApiError> {
+    let ticket = admit(st)?;
+    let (req, job) = prepared(st, body, prepare_completion).await?;
+    let (job, samples, policy) = compute(st, job, ticket).await?;
     let version = policy.version;
-    let (job, samples) = compute(st, job, policy.clone()).await?;
     let as_ids = req.return_tokens_as_token_ids == Some(true);
     let choices = samples
         .iter()
@@ -307,26 +342,32 @@ async fn completions_inner(
     }))
 }
 
+/// A chat body read and checked: the request and the job it asks for.
+fn prepare_chat(st: &State, bytes: &[u8]) -> Result<(ChatRequest, Job), ApiError> {
+    let value = json(bytes)?;
+    let known = [CHAT_FIELDS, SAMPLING_FIELDS];
+    let mut req: ChatRequest = parse(&value, &known, "/v1/chat/completions")?;
+    req.sampling = parse(&value, &known, "")?;
+    check_model(&req.sampling, st)?;
+    let policy = st.policy();
+    let prompt = generate::chat_prompt(&req.messages, &policy)?;
+    let room = policy.context().saturating_sub(prompt.len()).max(1);
+    let most = generate::most_tokens(&policy, &st.config).min(room);
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(most);
+    let job = generate::job(&req.sampling, vec![prompt], max_tokens, &policy, &st.config)?;
+    Ok((req, job))
+}
+
 async fn chat(Shared(st): Shared<Arc<State>>, body: Body) -> Response {
     let r = chat_inner(&st, body).await;
     answered(&st, r)
 }
 
 async fn chat_inner(st: &Arc<State>, body: Body) -> Result<axum::Json<ChatResponse>, ApiError> {
-    let value = json(&read_body(body, st.config.max_body_bytes).await?)?;
-    let known = [CHAT_FIELDS, SAMPLING_FIELDS];
-    let mut req: ChatRequest = parse(&value, &known, "/v1/chat/completions")?;
-    req.sampling = parse(&value, &known, "")?;
-    let sampling = req.sampling.clone();
-    check_model(&sampling, st)?;
-    let policy = st.policy();
-    let prompt = generate::chat_prompt(&req.messages, &policy)?;
-    let room = policy.context().saturating_sub(prompt.len()).max(1);
-    let most = st.config.max_tokens.unwrap_or(room).min(room);
-    let max_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(most);
-    let job = generate::job(&sampling, vec![prompt], max_tokens, &policy, &st.config)?;
+    let ticket = admit(st)?;
+    let (req, job) = prepared(st, body, prepare_chat).await?;
+    let (job, samples, policy) = compute(st, job, ticket).await?;
     let version = policy.version;
-    let (job, samples) = compute(st, job, policy.clone()).await?;
     let choices = samples
         .iter()
         .enumerate()

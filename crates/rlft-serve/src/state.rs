@@ -6,6 +6,9 @@ use rlft_model::{Tokenizer, Transformer, TransformerConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
+/// Request bodies read and parsed at once.
+pub const PARSERS: usize = 2;
+
 /// A policy to serve: the weights, their tokenizer and architecture, and their version.
 #[derive(Clone)]
 pub struct Policy {
@@ -52,6 +55,9 @@ pub struct State {
     pub updating: tokio::sync::Mutex<()>,
     /// Generation slots (`max_concurrent`).
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// Bodies read and parsed at once ([`PARSERS`]): what a request costs before it holds a
+    /// slot stays bounded by settings.
+    pub parsing: Arc<tokio::sync::Semaphore>,
     /// The counters.
     pub counters: Counters,
     /// Requests answered so far (for response ids).
@@ -62,11 +68,13 @@ impl State {
     /// The state of a server starting with `policy`.
     pub fn new(config: ServerConfig, policy: Policy) -> Self {
         let slots = Arc::new(tokio::sync::Semaphore::new(config.max_concurrent));
+        let parsing = Arc::new(tokio::sync::Semaphore::new(PARSERS));
         Self {
             config,
             policy: RwLock::new(Arc::new(policy)),
             updating: tokio::sync::Mutex::new(()),
             slots,
+            parsing,
             counters: Counters::default(),
             serial: AtomicU64::new(0),
         }

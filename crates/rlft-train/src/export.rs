@@ -70,48 +70,75 @@ pub fn check_target(source: &Path, target: Target<'_>, force: bool) -> Result<()
         ));
     }
     match target {
-        Target::Gguf(_) if out.is_dir() => refuse("is a folder; name a .gguf file".into()),
-        Target::Gguf(_) if out.exists() && !force => refuse(
-            "exists; choose another file, or pass --force to replace it".into(),
-        ),
-        Target::Hf(_) if out.exists() && !out.is_dir() => {
+        Target::Gguf(_) if dest.is_dir() => refuse("is a folder; name a .gguf file".into()),
+        Target::Gguf(_) if dest.exists() && !force => {
+            refuse("exists; choose another file, or pass --force to replace it".into())
+        }
+        Target::Hf(_) if dest.exists() && !dest.is_dir() => {
             refuse("is a file; name a folder (new or empty)".into())
         }
-        Target::Hf(_)
-            if !force
-                && std::fs::read_dir(out)
-                    .map(|mut d| d.next().is_some())
-                    .unwrap_or(false) =>
-        {
-            refuse(
-                "is a folder that is not empty; choose a new or empty folder, or pass --force                  to write the checkpoint's files into it (files of the same names are replaced)"
-                    .into(),
-            )
+        Target::Hf(_) if dest.is_dir() => {
+            let names: Vec<String> = std::fs::read_dir(&dest)
+                .map_err(|e| TrainError::Usage(format!("{flag} {}: {e}", out.display())))?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            // Weights the export would not replace but a loader would read beside its own.
+            let stale: Vec<&String> = names
+                .iter()
+                .filter(|n| {
+                    n.ends_with(".safetensors.index.json")
+                        || (n.ends_with(".safetensors") && *n != "model.safetensors")
+                        || n.starts_with("pytorch_model")
+                })
+                .collect();
+            if !names.is_empty() && !force {
+                refuse(
+                    "is a folder that is not empty; choose a new or empty folder, or pass \
+                     --force to write the checkpoint's files into it (files of the same names \
+                     are replaced)"
+                        .into(),
+                )
+            } else if !stale.is_empty() {
+                refuse(format!(
+                    "holds weights the export would not replace and a loader would read beside \
+                     it ({}); choose a new or empty folder",
+                    stale
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            } else {
+                Ok(())
+            }
         }
         _ => Ok(()),
     }
 }
 
-/// `path` made absolute with its links resolved, as far as it exists (the rest appended).
+/// `path` made absolute: its longest existing head with links resolved, the rest (which holds
+/// no links) with `.` and `..` taken lexically, as `create_dir_all` takes them.
 fn resolved(path: &Path) -> std::path::PathBuf {
+    use std::path::Component;
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let mut rest = Vec::new();
-    let mut head = abs.as_path();
-    loop {
-        if let Ok(c) = std::fs::canonicalize(head) {
-            return rest
-                .iter()
-                .rev()
-                .fold(c, |p: std::path::PathBuf, n| p.join(n));
-        }
-        match (head.parent(), head.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_os_string());
-                head = parent;
+    let parts: Vec<Component<'_>> = abs.components().collect();
+    for k in (1..=parts.len()).rev() {
+        let head: std::path::PathBuf = parts[..k].iter().collect();
+        if let Ok(mut p) = std::fs::canonicalize(&head) {
+            for c in &parts[k..] {
+                match c {
+                    Component::ParentDir => {
+                        p.pop();
+                    }
+                    Component::CurDir => {}
+                    other => p.push(other),
+                }
             }
-            _ => return abs,
+            return p;
         }
     }
+    abs
 }
 
 /// Loads the model `source` names (see the module documentation).
@@ -215,6 +242,16 @@ mod tests {
         assert!(err(Target::Gguf(&empty), true).contains("is a folder"));
         assert!(err(Target::Hf(&gguf), true).contains("is a file"));
         assert!(err(Target::Hf(&full), false).contains("--force"));
+        // `..` past a folder that does not exist yet still reaches the source.
+        let around = tmp.join("new-dir/../model");
+        assert!(err(Target::Hf(&around), false).contains("source itself"));
+        let around = tmp.join("new-dir/x/../../model/config.json");
+        assert!(err(Target::Gguf(&around), true).contains("would overwrite"));
+        // Old shards a loader would read beside the new weights.
+        let sharded = tmp.join("sharded");
+        std::fs::create_dir_all(&sharded).unwrap();
+        std::fs::write(sharded.join("model.safetensors.index.json"), "{}").unwrap();
+        assert!(err(Target::Hf(&sharded), true).contains("model.safetensors.index.json"));
         // Allowed: a new path, an empty folder, an existing target with --force, a new file
         // inside the source's folder.
         check_target(&src, Target::Hf(&tmp.join("new/sub")), false).unwrap();
