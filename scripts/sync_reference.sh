@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks that the trainer in this checkout reproduces a recipe's run at an earlier commit bit for
 # bit: every metric but the timing ones (time/*, tokens_per_s, async/*: throughput and idle
-# fractions of the asynchronous pipeline), and the final weights. REMOVED lists metric keys
-# dropped on purpose since the reference (reward/total, which always equalled reward/mean).
+# fractions of the asynchronous pipeline, server/*: the rollout servers), and the final weights.
+# REMOVED lists metric keys dropped on purpose since the reference (reward/total, which always
+# equalled reward/mean).
 # For refactors that must not change training (the stage split of the trainer, new settings
 # whose default is off).
 #
@@ -45,7 +46,7 @@ old, new = sys.argv[1], sys.argv[2]
 a = [json.loads(l) for l in open(f"{old}/metrics.jsonl")]
 b = [json.loads(l) for l in open(f"{new}/metrics.jsonl")]
 REMOVED = {"reward/total"}  # metric keys dropped on purpose since the reference commit
-skip = lambda k: (k.startswith("time/") or k.startswith("async/") or k == "tokens_per_s"
+skip = lambda k: (k.startswith(("time/", "async/", "server/")) or k == "tokens_per_s"
                   or k in REMOVED)
 diffs = [(x["step"], k, x[k], y.get(k)) for x, y in zip(a, b) for k in x
          if not skip(k) and x[k] != y.get(k)]

@@ -8,115 +8,13 @@
 #[path = "support/cli.rs"]
 mod cli;
 
+#[path = "support/serve.rs"]
+mod serve;
+
 use cli::{Scratch, check_all, root, tiny_llama};
 use serde_json::{Value, json};
-use std::io::BufRead;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-
-/// A running `rlft serve`, killed on drop.
-struct Serve {
-    child: Child,
-    url: String,
-    agent: ureq::Agent,
-    key: Option<String>,
-}
-
-impl Serve {
-    fn start(model: &Path, extra: &[&str]) -> Self {
-        Self::start_env(model, extra, &[])
-    }
-
-    fn start_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlft"));
-        cmd.arg("serve")
-            .arg(model)
-            .args(["--port", "0", "--device", "flex"])
-            .args(extra)
-            .env_remove("RLFT_API_KEY")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().unwrap();
-        // The first line names the address; a server that never gets there fails the test.
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(120)) else {
-            let _ = child.kill();
-            panic!("rlft serve printed no address within 120 s");
-        };
-        let url = match line.split(" on ").last().map(str::trim) {
-            Some(u) if u.starts_with("http://127.0.0.1:") => u.to_string(),
-            _ => {
-                let _ = child.kill();
-                panic!("no address in the first line {line:?}");
-            }
-        };
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(std::time::Duration::from_secs(120)))
-            .build()
-            .into();
-        Self {
-            child,
-            url,
-            agent,
-            key: None,
-        }
-    }
-
-    /// POSTs `body` (a JSON value, or raw text) to `path`; the status and the JSON answer.
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let mut req = self.agent.post(format!("{}{path}", self.url));
-        if let Some(k) = &self.key {
-            req = req.header("Authorization", &format!("Bearer {k}"));
-        }
-        let r = match body {
-            Value::String(raw) => req.content_type("application/json").send(raw.as_str()),
-            v => req.send_json(v),
-        };
-        Self::answer(r)
-    }
-
-    fn get(&self, path: &str) -> (u16, String) {
-        let mut req = self.agent.get(format!("{}{path}", self.url));
-        if let Some(k) = &self.key {
-            req = req.header("Authorization", &format!("Bearer {k}"));
-        }
-        let mut r = req.call().unwrap();
-        let status = r.status().as_u16();
-        (status, r.body_mut().read_to_string().unwrap())
-    }
-
-    fn answer(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, Value) {
-        let mut r = r.unwrap();
-        let status = r.status().as_u16();
-        let text = r.body_mut().read_to_string().unwrap();
-        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, v)
-    }
-
-    /// A completion that must succeed.
-    fn complete(&self, body: Value) -> Value {
-        let (status, v) = self.post("/v1/completions", &body);
-        assert_eq!(status, 200, "{v}");
-        v
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use serve::Serve;
+use std::process::Command;
 
 /// The ids of every choice.
 fn ids(v: &Value) -> Vec<Vec<u64>> {

@@ -154,19 +154,55 @@ pub fn run_measured(mut cmd: Command) -> (std::process::ExitStatus, String, u64)
 
 /// Trains the crash recipe into `out` with `sets` overrides; it must succeed.
 pub fn train_ok(out: &Path, sets: &[&str]) {
+    train_recipe_ok(Path::new(&recipe()), out, sets);
+}
+
+/// Trains `recipe` into `out` with `sets` overrides; it must succeed.
+pub fn train_recipe_ok(recipe: &Path, out: &Path, sets: &[&str]) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlft"));
-    cmd.args(["train", &recipe(), "--set"])
+    cmd.arg("train")
+        .arg(recipe)
+        .arg("--set")
         .arg(format!("output_dir=\"{}\"", out.display()))
-        .env_remove("RLFT_DEVICE");
+        .env_remove("RLFT_DEVICE")
+        .env_remove("RLFT_API_KEY");
     for set in sets {
         cmd.args(["--set", set]);
     }
     let ok = cmd.output().unwrap();
     assert!(
         ok.status.success(),
-        "{}",
+        "rlft train {} {sets:?}: {}",
+        recipe.display(),
         String::from_utf8_lossy(&ok.stderr)
     );
+}
+
+/// A run's `metrics.jsonl` lines without the keys that measure time or the servers
+/// (`time/*`, `tokens_per_s`, `async/*`, `server/*`).
+pub fn metrics_without_timings(run: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    let path = run.join("metrics.jsonl");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            let mut m: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(l).unwrap();
+            m.retain(|k, _| {
+                k != "tokens_per_s"
+                    && !["time/", "async/", "server/"]
+                        .iter()
+                        .any(|p| k.starts_with(p))
+            });
+            m
+        })
+        .collect()
+}
+
+/// A run's final weights, as written.
+pub fn final_weights(run: &Path) -> Vec<u8> {
+    let p = run.join("final/model.safetensors");
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 /// Prints `N passed, M failed` for `total` cases, and fails the test with a line for each

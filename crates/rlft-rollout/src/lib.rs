@@ -11,6 +11,7 @@ pub mod command;
 pub mod dataset;
 pub mod env;
 pub mod expr;
+mod generator;
 mod layout;
 pub mod pool;
 pub mod reward;
@@ -22,13 +23,16 @@ pub mod task;
 pub use command::{CommandReward, CommandTool, LineProcess};
 pub use dataset::{Columns, DataCursor, DataLoader, DataRole, Dataset, Example, Prompt};
 pub use env::{Calculator, EnvStep, Environment, NamedTool, SingleTurn, Tool, ToolEnv};
+pub use generator::{Generated, Generator, InProcess};
 pub use layout::{LearnerBatch, RoutingStats};
 pub use pool::{JobOutcome, PoolStats, Ticket, WorkerPool, panic_message};
 pub use reward::{
     AnswerFormat, ExactMatch, FormatReward, LengthPenalty, Named, OverlongShaping, RegexMatch,
     Reward, RewardInput, RewardOutcome, RewardSet,
 };
-pub use rollout::{Group, RolloutBatch, RolloutConfig, Trajectory, rollout, rollout_updating};
+pub use rollout::{
+    Group, RolloutBatch, RolloutConfig, Trajectory, rollout, rollout_updating, rollout_with,
+};
 pub use sampler::{
     Completion, Draw, FinishReason, KvOnUpdate, SampleOn, Sampler, SamplingConfig, Updated,
     Updates, WeightUpdate, draw_on_device, draw_on_host,
@@ -86,6 +90,10 @@ pub enum RolloutError {
         /// The panic message.
         msg: String,
     },
+    /// An inference server that samples a rollout's calls failed (no answer, an error, or an
+    /// answer that is not the protocol's).
+    #[error("rollout server: {0}")]
+    Server(String),
     /// From the model crate (tokenizer, weights).
     #[error(transparent)]
     Model(#[from] rlft_model::ModelError),

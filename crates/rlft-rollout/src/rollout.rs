@@ -3,8 +3,9 @@
 
 use crate::dataset::Example;
 use crate::env::{EnvStep, Environment};
+use crate::generator::{Generated, Generator, InProcess};
 use crate::reward::{RewardInput, RewardOutcome, RewardSet};
-use crate::sampler::{FinishReason, Sampler, SamplingConfig, Updates};
+use crate::sampler::{FinishReason, SamplingConfig, Updates};
 use crate::{Result, RolloutError};
 use burn::config::Config;
 use rlft_algo::seed::spread;
@@ -195,7 +196,7 @@ pub fn rollout(
 }
 
 /// As [`rollout`], with interruptible generation: `poll` is asked for new weights before every
-/// decode step ([`Sampler::generate_updating`]); the episodes go on with the newest weights
+/// decode step ([`crate::Sampler::generate_updating`]); the episodes go on with the newest weights
 /// (later turns too), and each trajectory records the version of every token
 /// ([`Trajectory::token_versions`]) with `version` the oldest of them.
 ///
@@ -211,7 +212,39 @@ pub fn rollout_updating(
     cfg: &RolloutConfig,
     version: u64,
     seed: u64,
-    mut updates: Option<&mut Updates<'_>>,
+    updates: Option<&mut Updates<'_>>,
+) -> Result<RolloutBatch> {
+    let mut generator = InProcess::new(model, tokenizer, version, updates);
+    rollout_with(
+        &mut generator,
+        tokenizer,
+        examples,
+        env,
+        rewards,
+        cfg,
+        version,
+        seed,
+    )
+}
+
+/// As [`rollout`], with every sampler call made by `generator` (in this process or on an
+/// inference server): the calls — rows, settings, seeds — are those [`rollout`] makes, so a
+/// generator that computes them as the sampler does yields the same batch. Each trajectory
+/// records the version of every token the generator reports, with `version` (the weights the
+/// batch starts on) for an episode without model tokens.
+///
+/// # Errors
+/// As [`rollout`], and the generator's own errors.
+#[allow(clippy::too_many_arguments)]
+pub fn rollout_with(
+    generator: &mut dyn Generator,
+    tokenizer: &Tokenizer,
+    examples: &[Example],
+    env: &dyn Environment,
+    rewards: &RewardSet,
+    cfg: &RolloutConfig,
+    version: u64,
+    seed: u64,
 ) -> Result<RolloutBatch> {
     if cfg.group_size == 0 {
         return Err(RolloutError::Config("group_size must be at least 1".into()));
@@ -256,9 +289,6 @@ pub fn rollout_updating(
         }
         kept.push(ex.clone());
     }
-    // The newest weights an update brought (later calls generate with them).
-    let mut latest: Option<crate::sampler::WeightUpdate> = None;
-    let mut current_version = version;
     let mut stop_strings = cfg.sampling.stop_strings.clone();
     stop_strings.extend(env.stop_strings());
     let record_kept = cfg.sampling.kept_ids_max > 0;
@@ -295,24 +325,18 @@ pub fn rollout_updating(
                 .with_max_new_tokens(budget)
                 .with_stop_strings(stop_strings.clone())
                 .with_seed(spread(seed) ^ (turn as u64) << 48 ^ budget as u64);
-            let sampler =
-                Sampler::new(latest.as_ref().map_or(model, |w| &w.model), Some(tokenizer));
-            let (out, versions) = match updates.as_deref_mut() {
-                Some(u) => {
-                    u.version = current_version;
-                    let r = sampler.generate_updating(&prompts, &scfg, u)?;
-                    if let Some(w) = r.latest {
-                        current_version = w.version;
-                        latest = Some(w);
-                    }
-                    (r.completions, r.versions)
-                }
-                None => {
-                    let out = sampler.generate(&prompts, &scfg)?;
-                    let v = out.iter().map(|c| vec![version; c.tokens.len()]).collect();
-                    (out, v)
-                }
-            };
+            let Generated {
+                completions: out,
+                versions,
+            } = generator.generate(&prompts, &scfg)?;
+            if out.len() != rows.len() || versions.len() != rows.len() {
+                return Err(RolloutError::Input(format!(
+                    "the generator answered {} completions with {} version lists for {} rows",
+                    out.len(),
+                    versions.len(),
+                    rows.len()
+                )));
+            }
             for ((&i, c), v) in rows.iter().zip(out).zip(versions) {
                 let e = &mut episodes[i];
                 e.versions.extend(v);
@@ -353,7 +377,8 @@ pub fn rollout_updating(
                     let room = cfg.max_total_tokens.saturating_sub(used);
                     let n = obs.len().min(room);
                     e.context.extend(&obs[..n]);
-                    e.versions.extend(std::iter::repeat_n(current_version, n));
+                    e.versions
+                        .extend(std::iter::repeat_n(generator.version(), n));
                     e.loss_mask.extend(std::iter::repeat_n(0u8, n));
                     e.logprobs.extend(std::iter::repeat_n(0.0f32, n));
                     if record_kept {

@@ -106,6 +106,7 @@ impl Client {
             "return_kept_ids": kept,
             "return_routing": true,
             "rescore": cfg.rescore,
+            "sample_on": cfg.sample_on,
         });
         if kept {
             body["kept_ids_max"] = cfg.kept_ids_max.into();

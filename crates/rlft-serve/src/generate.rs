@@ -318,7 +318,8 @@ pub fn job(
         .with_stop_strings(stops)
         .with_stop_token_ids(stop_ids)
         .with_ignore_eos(s.ignore_eos.unwrap_or(false))
-        .with_rescore(s.rescore.unwrap_or(false));
+        .with_rescore(s.rescore.unwrap_or(false))
+        .with_sample_on(s.sample_on.unwrap_or_default());
     let kept = s.return_kept_ids.unwrap_or(false);
     let kept_max = s.kept_ids_max.unwrap_or(DEFAULT_KEPT_IDS_MAX);
     if kept && !cfg.draws_filtered() {

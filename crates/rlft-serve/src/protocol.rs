@@ -41,6 +41,9 @@ pub struct Sampling {
     /// rlft: recompute `log μ` with one full forward pass over the finished batch, in the
     /// learner's layout ([`SamplingConfig::rescore`](rlft_rollout::SamplingConfig::rescore)).
     pub rescore: Option<bool>,
+    /// rlft: where tokens are drawn from the logits, `auto` (default), `host` or `device`
+    /// ([`SampleOn`](rlft_rollout::SampleOn)).
+    pub sample_on: Option<rlft_rollout::SampleOn>,
     /// Not served: a value other than 0 is refused (it would change the distribution μ is
     /// taken under).
     pub presence_penalty: Option<f64>,
@@ -142,6 +145,7 @@ pub const SAMPLING_FIELDS: &[&str] = &[
     "kept_ids_max",
     "return_routing",
     "rescore",
+    "sample_on",
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",

@@ -70,7 +70,7 @@ impl Trainer {
     }
 
     /// Collects batch `step` on this thread, with the current weights or, in lagged mode, those
-    /// of `async.lag` versions ago.
+    /// of `async.lag` versions ago; on servers, after bringing them to that version.
     fn collect_inline(&mut self, step: usize) -> Result<Collected> {
         let current = self.policy().valid();
         let (version, model) = match self.feed.snapshots_mut() {
@@ -80,6 +80,18 @@ impl Trainer {
             }
             None => (step as u64, current),
         };
+        if let Some(fleet) = &self.side.fleet {
+            let t0 = self.timeline.now();
+            fleet.serve_version(version, || model.clone())?;
+            self.timeline.record(
+                "learner",
+                EventKind::Publish,
+                t0,
+                self.timeline.now(),
+                version,
+                0,
+            );
+        }
         let admission = self.feed.admission_mut()?;
         let serial = admission.issue();
         let t0 = self.timeline.now();
@@ -127,9 +139,12 @@ impl Trainer {
     }
 
     /// After the update of step `step`: hands the new weights (version `step + 1`) to the
-    /// rollout workers.
-    pub(crate) fn publish(&self, step: usize) {
-        self.feed.publish(step as u64 + 1, || self.policy().valid());
+    /// rollout workers, and to the servers they sample on.
+    ///
+    /// # Errors
+    /// A server that cannot take the weights.
+    pub(crate) fn publish(&self, step: usize) -> Result<()> {
+        self.feed.publish(step as u64 + 1, || self.policy().valid())
     }
 
     /// Stops the rollout workers, putting their admission state back (so a checkpoint written

@@ -107,6 +107,10 @@ pub enum TrainError {
     /// The asynchronous pipeline cannot go on (its workers are gone).
     #[error("asynchronous pipeline: {0}")]
     Pipeline(String),
+    /// The rollout servers (`rollout.servers`) did not answer a request or refused new weights.
+    /// The run stops (its last checkpoint stays); exit status 4 ([`TrainError::exit_code`]).
+    #[error("rollout servers: {0}")]
+    Servers(String),
     /// JSON (de)serialisation.
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
@@ -115,11 +119,13 @@ pub enum TrainError {
 impl TrainError {
     /// The process exit status the `rlft` program gives for this error: 2 for a command line
     /// that cannot be run ([`TrainError::Usage`]), 3 for a failed rollout worker
-    /// ([`TrainError::Worker`]), 1 for everything else.
+    /// ([`TrainError::Worker`]), 4 for rollout servers that failed ([`TrainError::Servers`]),
+    /// 1 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) => 2,
             Self::Worker { .. } => 3,
+            Self::Servers(_) | Self::Rollout(rlft_rollout::RolloutError::Server(_)) => 4,
             _ => 1,
         }
     }

@@ -19,6 +19,8 @@ pub(crate) mod losses;
 mod named;
 pub mod reference;
 mod resume;
+mod rollout;
+mod servers;
 mod validate;
 
 pub use asynchrony::{AsyncMode, AsyncSection, MAX_LAG, MAX_STALENESS, MAX_WORKERS, OnStale};
@@ -30,6 +32,8 @@ pub use keys::RESUMABLE_KEYS;
 pub use load::ENV_PREFIX;
 pub use losses::{PrimeRlSection, ToprSection, VespoSection};
 pub use resume::check_stored_copy;
+pub use rollout::{DEFAULT_SERVER_TIMEOUT_S, RolloutSection};
+pub use servers::{MAX_LOCAL_SERVERS, Servers};
 
 /// A whole training run.
 #[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -243,93 +247,6 @@ impl ArithmeticOp {
             ArithmeticOp::Sub => '-',
             ArithmeticOp::Mul => '*',
         }
-    }
-}
-
-/// Sampling.
-#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RolloutSection {
-    /// Prompts per RL step.
-    pub prompts_per_step: usize,
-    /// Responses per prompt (G).
-    pub group_size: usize,
-    /// Longest prompt (longer ones are skipped and counted).
-    pub max_prompt_len: usize,
-    /// Most new tokens per turn.
-    pub max_new_tokens: usize,
-    /// Most model turns (multi-turn tasks).
-    pub max_turns: usize,
-    /// Most response tokens per episode.
-    pub max_total_tokens: usize,
-    /// Sampling temperature (also applied to the learner's logits).
-    pub temperature: f64,
-    /// Top-k (0 = off). With any filter μ is the filtered, renormalised distribution's log-prob
-    /// (`rollout/filter_log_mass` logs the kept mass), which the learner's softmax does not
-    /// reproduce: auto correction mode then computes π_old.
-    pub top_k: usize,
-    /// Top-p (1 = off).
-    pub top_p: f64,
-    /// Min-p (0 = off).
-    pub min_p: f64,
-    /// Where tokens are drawn: `auto` (on the host for a model in host memory, flex or
-    /// ndarray; else on the device), `host`, or `device` (only the sampled ids and log-probs
-    /// leave the device).
-    pub sample_on: rlft_rollout::SampleOn,
-    /// Async mode: the rollout workers' device (`cpu`, `cuda:1`, …; default the learner's).
-    #[schemars(with = "Option<named::DeviceName>")]
-    pub device: Option<DeviceSpec>,
-    /// With `algorithm.sampling_mask = "replay"`: the largest kept set recorded per sampled
-    /// token; a token whose filters kept more gets no loss (`rollout/sampling_mask_overflow`).
-    pub sampling_mask_max_ids: usize,
-}
-
-impl Default for RolloutSection {
-    fn default() -> Self {
-        Self {
-            prompts_per_step: 8,
-            group_size: 8,
-            max_prompt_len: 256,
-            max_new_tokens: 64,
-            max_turns: 1,
-            max_total_tokens: 256,
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            sample_on: rlft_rollout::SampleOn::Auto,
-            device: None,
-            sampling_mask_max_ids: 1024,
-        }
-    }
-}
-
-impl RolloutSection {
-    /// The sampler's settings.
-    pub fn sampling(&self) -> rlft_rollout::SamplingConfig {
-        rlft_rollout::SamplingConfig::new()
-            .with_temperature(self.temperature)
-            .with_top_k(self.top_k)
-            .with_top_p(self.top_p)
-            .with_min_p(self.min_p)
-            .with_sample_on(self.sample_on)
-            .with_max_new_tokens(self.max_new_tokens)
-    }
-
-    /// The sampler's settings for training rollouts: [`RolloutSection::sampling`], recording
-    /// kept sets (up to `sampling_mask_max_ids`) when `replay` asks for them.
-    pub fn training_sampling(&self, replay: SamplingMask) -> rlft_rollout::SamplingConfig {
-        let max = match replay {
-            SamplingMask::Replay => self.sampling_mask_max_ids,
-            SamplingMask::Off => 0,
-        };
-        self.sampling().with_kept_ids_max(max)
-    }
-
-    /// Whether tokens are drawn through a filter: μ is then the filtered, renormalised
-    /// distribution's log-prob ([`rlft_rollout::SamplingConfig::draws_filtered`]).
-    pub fn filtered(&self) -> bool {
-        self.sampling().draws_filtered()
     }
 }
 

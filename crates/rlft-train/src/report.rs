@@ -27,6 +27,9 @@ pub struct StepReport {
     /// `async/*`: the asynchronous pipeline (async mode only).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub asynchrony: Option<AsyncReport>,
+    /// `server/*`: the inference servers (with `rollout.servers` only).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerReport>,
     /// `offpolicy/*` and the correction's timings ([`crate::offpolicy::StepDiagnostics`]).
     #[serde(flatten)]
     pub offpolicy: BTreeMap<String, f64>,
@@ -137,6 +140,36 @@ pub struct AsyncReport {
     /// Max − min policy version within each group, mean over groups.
     #[serde(rename = "async/version_spread")]
     pub version_spread: f64,
+}
+
+/// The inference servers during a step (`rollout.servers`): what was sent to them and what
+/// bringing them new weights cost, since the previous step's line.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ServerReport {
+    /// Servers in the fleet.
+    #[serde(rename = "server/servers")]
+    pub servers: f64,
+    /// Completions requests answered (one per sampler call).
+    #[serde(rename = "server/requests")]
+    pub requests: f64,
+    /// Seconds the requests took, summed over requests.
+    #[serde(rename = "server/request_s")]
+    pub request_s: f64,
+    /// Tokens the servers generated.
+    #[serde(rename = "server/tokens")]
+    pub tokens: f64,
+    /// Seconds bringing the servers new weights: writing them and the servers loading them.
+    #[serde(rename = "server/weight_sync_s")]
+    pub weight_sync_s: f64,
+    /// Of those, seconds writing the weights to `rollout.weights_dir`.
+    #[serde(rename = "server/weight_write_s")]
+    pub weight_write_s: f64,
+    /// Of those, seconds until every server answered its update (they load side by side).
+    #[serde(rename = "server/weight_load_s")]
+    pub weight_load_s: f64,
+    /// The weight version the servers serve at the end of the step.
+    #[serde(rename = "server/weight_version")]
+    pub weight_version: f64,
 }
 
 /// What an update measured, averaged over its micro-batches (zeros when the batch had no row

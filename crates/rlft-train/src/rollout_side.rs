@@ -8,6 +8,8 @@
 //! - [`workers`]: async mode's rollout threads, each sampling with its own copy of the newest
 //!   weights it was given.
 //! - [`lagged`]: the lagged testbed's policy snapshots, `lag` versions old.
+//! - [`servers`]: `rollout.servers`, the inference servers the sampler calls go to instead
+//!   of this process, and the weight versions pushed to them.
 //!
 //! - [`feed`]: which of these a run uses (`Feed`: inline, lagged or async), the one
 //!   owner of its admission controller, snapshots and workers.
@@ -19,4 +21,5 @@ pub mod admission;
 pub mod collect;
 pub mod feed;
 pub mod lagged;
+pub mod servers;
 pub mod workers;

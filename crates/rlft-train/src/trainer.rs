@@ -20,10 +20,11 @@ use crate::offpolicy::StepDiagnostics;
 use crate::optim::adamw;
 use crate::recipe::AsyncMode;
 use crate::recipe::{KlPlacement, Recipe};
-use crate::report::{AsyncReport, StageTimes, StepReport, UpdateStats};
+use crate::report::{AsyncReport, ServerReport, StageTimes, StepReport, UpdateStats};
 use crate::rollout_side::admission::PipelineState;
 use crate::rollout_side::collect::{Collected, RolloutSide};
 use crate::rollout_side::feed::{Feed, FeedStats};
+use crate::rollout_side::servers::Fleet;
 use crate::sources::Sources;
 use crate::{Result, TrainError, io_err};
 use burn::optim::ModuleOptimizer;
@@ -94,6 +95,21 @@ pub struct Trainer {
     pub(crate) state: TrainerState,
     /// A checkpoint was loaded (its logs are cut back to it, not started afresh).
     pub(crate) resumed: bool,
+}
+
+/// What the servers did since the last step's line.
+fn server_report(fleet: &Fleet) -> ServerReport {
+    let st = fleet.take_stats();
+    ServerReport {
+        servers: fleet.len() as f64,
+        requests: st.requests as f64,
+        request_s: st.request_secs,
+        tokens: st.tokens as f64,
+        weight_sync_s: st.write_secs + st.load_secs,
+        weight_write_s: st.write_secs,
+        weight_load_s: st.load_secs,
+        weight_version: fleet.serving().unwrap_or_default() as f64,
+    }
 }
 
 /// The built-in task of `[task]`, seeded by the run.
@@ -247,6 +263,7 @@ impl Trainer {
             train_set.clone(),
         );
         side.correctness = correctness;
+        side.fleet = Fleet::new(&recipe, &tokenizer, &models.config)?.map(Arc::new);
         let mut trainer = Self {
             side,
             feed: Feed::Switching,
@@ -358,7 +375,7 @@ impl Trainer {
             version,
             tokens,
         );
-        self.publish(step);
+        self.publish(step)?;
         let now = self.timeline.now();
         let asynchrony = (self.recipe.asynchrony.mode == AsyncMode::Async)
             .then(|| self.async_report(&feed, &batch, scored.version_spread, now - interval_start));
@@ -376,6 +393,7 @@ impl Trainer {
                 step: t0.elapsed().as_secs_f64(),
             },
             asynchrony,
+            server: self.side.fleet.as_deref().map(server_report),
             offpolicy: diag.metrics(),
             update,
             kl_coef,

@@ -4,7 +4,16 @@
 use crate::{Result, TrainError};
 
 /// Keys (or whole sections) a resumed run may change.
-pub const RESUMABLE_KEYS: [&str; 4] = ["schedule.steps", "eval", "checkpoint", "logging"];
+pub const RESUMABLE_KEYS: [&str; 8] = [
+    "schedule.steps",
+    "eval",
+    "checkpoint",
+    "logging",
+    "rollout.servers",
+    "rollout.weights_dir",
+    "rollout.server_timeout_s",
+    "rollout.server_model",
+];
 
 pub(super) fn resumable(key: &str) -> bool {
     RESUMABLE_KEYS

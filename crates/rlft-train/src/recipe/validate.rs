@@ -398,6 +398,9 @@ impl Recipe {
         if let Err((key, e)) = self.asynchrony.check() {
             return bad(key, e);
         }
+        if let Err((key, e)) = self.check_servers() {
+            return bad(key, e);
+        }
         if let Err((key, e)) = self.distributed.check(self.device) {
             return bad(key, e);
         }
@@ -415,11 +418,13 @@ impl Recipe {
             }
         }
         if let Some(d) = &self.rollout.device {
-            if self.asynchrony.mode != super::AsyncMode::Async {
+            let local = matches!(self.rollout.servers, super::Servers::Local(_));
+            if self.asynchrony.mode != super::AsyncMode::Async && !local {
                 return bad(
                     "rollout.device",
-                    "applies to async.mode = \"async\" only (the rollout workers' device); \
-                     remove it or set async.mode = \"async\""
+                    "applies to async.mode = \"async\" (the rollout workers' device) or to \
+                     rollout.servers = \"local:N\" (the local servers' device) only; remove it \
+                     or set async.mode = \"async\""
                         .into(),
                 );
             }

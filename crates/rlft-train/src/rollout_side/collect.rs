@@ -6,10 +6,11 @@
 
 use crate::Result;
 use crate::recipe::Recipe;
+use crate::rollout_side::servers::Fleet;
 use rlft_model::{Tokenizer, Transformer};
 use rlft_rollout::{
-    Dataset, Environment, Example, Group, KvOnUpdate, RewardSet, RolloutConfig, SamplingConfig,
-    Updates, WeightUpdate, rollout_updating,
+    Dataset, Environment, Example, Generator, Group, InProcess, KvOnUpdate, RewardSet,
+    RolloutConfig, SamplingConfig, Updates, WeightUpdate, rollout_with,
 };
 use std::sync::Arc;
 
@@ -61,6 +62,9 @@ pub struct RolloutSide {
     pub interruptible: Option<KvOnUpdate>,
     /// The reward term that defines accuracy (a score > 0 is correct).
     pub correctness: String,
+    /// `rollout.servers`: the inference servers the sampler calls go to (`None`: sampled in
+    /// this process).
+    pub fleet: Option<Arc<Fleet>>,
 }
 
 /// Asked before every decode step for newer weights (interruptible generation).
@@ -110,12 +114,14 @@ impl RolloutSide {
             seed: recipe.seed,
             interruptible: recipe.asynchrony.interruptible(),
             correctness: "correct".into(),
+            fleet: None,
         }
     }
 
     /// Collects batch `serial` with `model` (policy `version`), drawing prompts from `draw`: with
     /// dynamic sampling, zero-spread groups are dropped and more prompts drawn, up to
-    /// `rounds` rounds. With interruptible generation, `poll` hands newer weights to the
+    /// `rounds` rounds. With `fleet`, the sampler calls go to the servers instead, which the
+    /// caller brought to `version` ([`Fleet::serve_version`]). With interruptible generation, `poll` hands newer weights to the
     /// generation between decode steps (later rounds start with the newest).
     ///
     /// # Errors
@@ -157,8 +163,20 @@ impl RolloutSide {
                 kv,
                 poll: &mut poll_here,
             });
-            let b = rollout_updating(
-                m,
+            let mut in_process;
+            let mut on_servers;
+            let generator: &mut dyn Generator = match &self.fleet {
+                Some(fleet) => {
+                    on_servers = fleet.generator(v);
+                    &mut on_servers
+                }
+                None => {
+                    in_process = InProcess::new(m, &self.tokenizer, v, updates.as_mut());
+                    &mut in_process
+                }
+            };
+            let b = rollout_with(
+                generator,
                 &self.tokenizer,
                 &examples,
                 self.env.as_ref(),
@@ -166,7 +184,6 @@ impl RolloutSide {
                 &self.config,
                 v,
                 seed,
-                updates.as_mut(),
             )?;
             if seen.is_some() {
                 latest = seen;

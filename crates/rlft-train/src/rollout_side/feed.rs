@@ -112,10 +112,19 @@ impl Feed {
         }
     }
 
-    /// Hands the learner's weights, as `version`, to the rollout workers (if they run).
-    pub(crate) fn publish(&self, version: u64, weights: impl FnOnce() -> Transformer) {
-        if let Feed::Async(w) = self {
-            w.publish(version, weights());
+    /// Hands the learner's weights, as `version`, to the rollout workers (if they run) and
+    /// the servers they sample on.
+    ///
+    /// # Errors
+    /// A server that cannot take the weights.
+    pub(crate) fn publish(
+        &self,
+        version: u64,
+        weights: impl FnOnce() -> Transformer,
+    ) -> Result<()> {
+        match self {
+            Feed::Async(w) => w.publish(version, weights()),
+            _ => Ok(()),
         }
     }
 }

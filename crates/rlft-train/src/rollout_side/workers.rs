@@ -10,11 +10,12 @@
 use crate::events::{EventKind, Timeline};
 use crate::rollout_side::admission::{Admission, Consumed, OnStale, PipelineState};
 use crate::rollout_side::collect::{Collected, RolloutSide};
+use crate::rollout_side::servers::Fleet;
 use crate::{Result, TrainError};
 use burn::module::Module;
 use burn::tensor::Device;
 use rlft_model::Transformer;
-use rlft_rollout::{DataCursor, WeightUpdate, panic_message};
+use rlft_rollout::{DataCursor, RolloutError, WeightUpdate, panic_message};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -78,6 +79,8 @@ pub struct Workers {
     handles: Vec<JoinHandle<()>>,
     device: Option<Device>,
     timeline: Arc<Timeline>,
+    /// The servers the workers sample on, if any.
+    fleet: Option<Arc<Fleet>>,
 }
 
 impl Workers {
@@ -97,6 +100,9 @@ impl Workers {
             Some(d) => weights.to_device(d),
             None => weights,
         };
+        if let Some(fleet) = &side.fleet {
+            fleet.serve_version(version, || weights.clone())?;
+        }
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 admission,
@@ -108,6 +114,7 @@ impl Workers {
             }),
             changed: Condvar::new(),
         });
+        let fleet = side.fleet.clone();
         let mut handles = Vec::new();
         for i in 0..settings.workers.max(1) {
             let pool = settings
@@ -139,6 +146,7 @@ impl Workers {
             handles,
             device: settings.device.clone(),
             timeline,
+            fleet,
         })
     }
 
@@ -197,13 +205,20 @@ impl Workers {
         c
     }
 
-    /// Publishes the learner's weights as `version`.
-    pub fn publish(&self, version: u64, weights: Transformer) {
+    /// Publishes the learner's weights as `version`; on servers, once every server serves
+    /// them, so a version is admitted only when it can sample.
+    ///
+    /// # Errors
+    /// A server that cannot take the weights.
+    pub fn publish(&self, version: u64, weights: Transformer) -> Result<()> {
         let t0 = self.timeline.now();
         let weights = match &self.device {
             Some(d) => weights.to_device(d),
             None => weights,
         };
+        if let Some(fleet) = &self.fleet {
+            fleet.serve_version(version, || weights.clone())?;
+        }
         self.shared.lock().weights = (version, weights);
         self.shared.changed.notify_all();
         self.timeline.record(
@@ -214,6 +229,7 @@ impl Workers {
             version,
             0,
         );
+        Ok(())
     }
 
     /// The admission state to checkpoint and the fresh-data position.
@@ -289,13 +305,21 @@ fn worker(i: usize, shared: &Shared, side: &RolloutSide, timeline: &Timeline) {
                 Some(&mut poll),
             )
         })) {
-            Ok(collected) => collected.map_err(|e| format!("batch {serial}: {e}")),
-            Err(p) => Err(format!(
-                "panicked while generating batch {serial}: {}",
-                panic_message(&*p)
+            Ok(Err(TrainError::Rollout(RolloutError::Server(msg)))) => Err(TrainError::Servers(
+                format!("rollout worker {i}, batch {serial}: {msg}"),
             )),
-        }
-        .map_err(|msg| TrainError::Worker { worker: i, msg });
+            Ok(collected) => collected.map_err(|e| TrainError::Worker {
+                worker: i,
+                msg: format!("batch {serial}: {e}"),
+            }),
+            Err(p) => Err(TrainError::Worker {
+                worker: i,
+                msg: format!(
+                    "panicked while generating batch {serial}: {}",
+                    panic_message(&*p)
+                ),
+            }),
+        };
         let t_end = timeline.now();
         let (tokens, score) = result
             .as_ref()
