@@ -105,6 +105,43 @@ impl Serve {
     }
 }
 
+impl Serve {
+    /// `rlft_requests_in_flight` from `/metrics` (0 when the server does not answer).
+    pub fn in_flight(&self) -> u64 {
+        let Ok(mut r) = self
+            .agent
+            .get(format!("{}/metrics", self.url))
+            .config()
+            .timeout_global(Some(std::time::Duration::from_secs(2)))
+            .build()
+            .call()
+        else {
+            return 0;
+        };
+        let text = r.body_mut().read_to_string().unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix("rlft_requests_in_flight "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Sends the process `signal` (`STOP`, `CONT`) with `kill`.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "kill -{signal}");
+    }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -21,11 +21,17 @@ pub struct Generated {
 
 /// Computes a rollout's sampler calls.
 pub trait Generator {
-    /// Samples `prompts` with `cfg` as one call of [`Sampler::generate`].
+    /// Samples `prompts` with `cfg` as one call of [`Sampler::generate`]; `groups[i]` is the
+    /// index in the batch of the group row `i` belongs to (for the generator's records).
     ///
     /// # Errors
     /// A bad prompt or setting, a model error, or a generator that could not answer.
-    fn generate(&mut self, prompts: &[Vec<u32>], cfg: &SamplingConfig) -> Result<Generated>;
+    fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        groups: &[usize],
+        cfg: &SamplingConfig,
+    ) -> Result<Generated>;
 
     /// The newest weight version it has sampled with: the version given to tokens appended
     /// between model turns (tool observations).
@@ -62,7 +68,12 @@ impl<'a, 'u> InProcess<'a, 'u> {
 }
 
 impl Generator for InProcess<'_, '_> {
-    fn generate(&mut self, prompts: &[Vec<u32>], cfg: &SamplingConfig) -> Result<Generated> {
+    fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        _groups: &[usize],
+        cfg: &SamplingConfig,
+    ) -> Result<Generated> {
         let model = self.latest.as_ref().map_or(self.model, |w| &w.model);
         let sampler = Sampler::new(model, Some(self.tokenizer));
         match self.updates.as_deref_mut() {

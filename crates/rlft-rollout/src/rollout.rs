@@ -319,6 +319,7 @@ pub fn rollout_with(
             }
             let prompts: Vec<Vec<u32>> =
                 rows.iter().map(|&i| episodes[i].context.clone()).collect();
+            let groups: Vec<usize> = rows.iter().map(|&i| episodes[i].group).collect();
             let scfg = cfg
                 .sampling
                 .clone()
@@ -328,7 +329,7 @@ pub fn rollout_with(
             let Generated {
                 completions: out,
                 versions,
-            } = generator.generate(&prompts, &scfg)?;
+            } = generator.generate(&prompts, &groups, &scfg)?;
             if out.len() != rows.len() || versions.len() != rows.len() {
                 return Err(RolloutError::Input(format!(
                     "the generator answered {} completions with {} version lists for {} rows",

@@ -39,6 +39,18 @@ pub enum ClientError {
     },
 }
 
+impl ClientError {
+    /// Whether the fault is the server's, so the same request may be sent to another server:
+    /// no answer, a cut or garbled one, an overloaded or failing server (429, 5xx). Other
+    /// statuses say the request itself is wrong, which another server would answer alike.
+    pub fn is_server_fault(&self) -> bool {
+        match self {
+            ClientError::Transport { .. } | ClientError::Protocol { .. } => true,
+            ClientError::Status { status, .. } => *status == 429 || *status >= 500,
+        }
+    }
+}
+
 /// What a server sampled for one call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Remote {
@@ -177,6 +189,18 @@ impl Client {
         let url = format!("{}/update_weights_from_disk", self.base);
         let body = json!({"model_path": dir, "weight_version": version});
         self.post(&url, &body).map(|_| ())
+    }
+
+    /// Whether the server answers `GET /health` within `timeout`.
+    pub fn healthy(&self, timeout: Duration) -> bool {
+        let url = format!("{}/health", self.base);
+        self.agent
+            .get(&url)
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .call()
+            .is_ok_and(|r| r.status().is_success())
     }
 
     /// The weight version the server serves now.

@@ -28,6 +28,12 @@ pub enum EventKind {
     Publish,
     /// Waiting (for a batch, for admission, for weights).
     Wait,
+    /// One completions request to a rollout server (actor `server/<k>`): its batch, the groups
+    /// its rows belong to, and whether it was answered (`ok`) or sent again elsewhere
+    /// (`requeued: <why>`).
+    Request,
+    /// The learner consuming a batch: its serial and the dataset index of each group kept.
+    Consume,
 }
 
 /// One interval.
@@ -45,6 +51,19 @@ pub struct Event {
     pub version: u64,
     /// Tokens generated or trained on (0 where none).
     pub tokens: usize,
+    /// Requests and consumption: the batch's serial.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u64>,
+    /// Requests: `[round, group, group, …]`, the batch's sampling round and the groups of the
+    /// request's rows (each once); consumption: the dataset index of each consumed group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<Vec<usize>>,
+    /// Requests: the server's base URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// Requests: `ok`, or `requeued: <why>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
 }
 
 /// A timeline shared by the learner and the rollout workers.
@@ -89,14 +108,22 @@ impl Timeline {
         version: u64,
         tokens: usize,
     ) {
-        let e = Event {
+        self.push(Event {
             actor: actor.into(),
             kind,
             start_s,
             end_s,
             version,
             tokens,
-        };
+            batch: None,
+            groups: None,
+            server: None,
+            outcome: None,
+        });
+    }
+
+    /// Records an event with its request or consumption fields.
+    pub fn push(&self, e: Event) {
         self.buffer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -1,7 +1,7 @@
 //! Where the learner's batches come from: collected inline (sync and lagged modes) or taken
 //! from the rollout workers (async mode), then consumed under the staleness bound.
 
-use crate::events::EventKind;
+use crate::events::{Event, EventKind};
 use crate::rollout_side::admission::{Admission, PipelineState};
 use crate::rollout_side::collect::Collected;
 use crate::rollout_side::feed::{Feed, FeedStats};
@@ -56,6 +56,27 @@ impl Trainer {
             .consume(serial, &oldest, &batch.prompts, on_stale)?;
         stats.requeued = consumed.requeued;
         stats.dropped = consumed.dropped;
+        let now = self.timeline.now();
+        self.timeline.push(Event {
+            actor: "learner".into(),
+            kind: EventKind::Consume,
+            start_s: now,
+            end_s: now,
+            version: serial,
+            tokens: 0,
+            batch: Some(serial),
+            groups: Some(
+                batch
+                    .prompts
+                    .iter()
+                    .zip(&consumed.keep)
+                    .filter(|(_, k)| **k)
+                    .map(|(p, _)| *p)
+                    .collect(),
+            ),
+            server: None,
+            outcome: None,
+        });
         if consumed.keep.iter().any(|k| !k) {
             let mut keep = consumed.keep.iter();
             batch

@@ -158,6 +158,13 @@ pub struct ServerReport {
     /// Tokens the servers generated.
     #[serde(rename = "server/tokens")]
     pub tokens: f64,
+    /// Requests sent again to another server after theirs failed (distinct from
+    /// `async/requeued`, the stale groups of `async.on_stale`).
+    #[serde(rename = "server/requeued")]
+    pub requeued: f64,
+    /// Servers up (answering, serving the fleet's version) at the end of the step.
+    #[serde(rename = "server/up")]
+    pub up: f64,
     /// Seconds bringing the servers new weights: writing them and the servers loading them.
     #[serde(rename = "server/weight_sync_s")]
     pub weight_sync_s: f64,

@@ -319,6 +319,9 @@ impl Trainer {
             Some(&out.join(EVENTS_FILE)),
             keep.is_some(),
         )?);
+        if let Some(fleet) = &self.side.fleet {
+            fleet.set_timeline(self.timeline.clone());
+        }
         if log.torn_lines > 0 {
             eprintln!(
                 "note: {}: dropped a torn last line (a write cut short); the steps after the \

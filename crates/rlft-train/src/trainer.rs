@@ -105,6 +105,8 @@ fn server_report(fleet: &Fleet) -> ServerReport {
         requests: st.requests as f64,
         request_s: st.request_secs,
         tokens: st.tokens as f64,
+        requeued: st.requeued as f64,
+        up: fleet.up() as f64,
         weight_sync_s: st.write_secs + st.load_secs,
         weight_write_s: st.write_secs,
         weight_load_s: st.load_secs,

@@ -29,7 +29,12 @@ impl RunTimeline {
 
     /// Actors in lane order: the learner first, then the workers by index.
     fn actors(&self) -> Vec<String> {
-        let mut a: Vec<String> = self.events.iter().map(|e| e.actor.clone()).collect();
+        let mut a: Vec<String> = self
+            .events
+            .iter()
+            .filter(|e| e.kind != EventKind::Consume)
+            .map(|e| e.actor.clone())
+            .collect();
         a.sort_by_key(|x| {
             (
                 x != "learner",
@@ -57,15 +62,19 @@ fn color(kind: EventKind) -> RGBColor {
         EventKind::Learn => RGBColor(214, 39, 40),
         EventKind::Publish => RGBColor(148, 103, 189),
         EventKind::Wait => RGBColor(200, 200, 200),
+        EventKind::Request => RGBColor(255, 127, 14),
+        EventKind::Consume => RGBColor(0, 0, 0),
     }
 }
 
-const KINDS: [(EventKind, &str); 5] = [
+/// The kinds drawn as bars (a consumption is an instant, not drawn).
+const KINDS: [(EventKind, &str); 6] = [
     (EventKind::Generate, "generate"),
     (EventKind::Score, "score"),
     (EventKind::Learn, "learn"),
     (EventKind::Publish, "publish"),
     (EventKind::Wait, "wait"),
+    (EventKind::Request, "server request"),
 ];
 
 impl Figure for Timeline {

@@ -167,7 +167,7 @@ impl RolloutSide {
             let mut on_servers;
             let generator: &mut dyn Generator = match &self.fleet {
                 Some(fleet) => {
-                    on_servers = fleet.generator(v);
+                    on_servers = fleet.generator(v, serial, round);
                     &mut on_servers
                 }
                 None => {

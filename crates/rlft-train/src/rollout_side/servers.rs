@@ -12,7 +12,16 @@
 //! `"local:N"` starts N servers inside the trainer's process (the code of `rlft serve`, each
 //! on its own threads and a free loopback port) with the weights in memory when first asked
 //! for a version; they stop when the fleet is dropped, with the run.
+//!
+//! Faults cost time, never data. A request a server does not answer (refused, cut, past
+//! `rollout.server_timeout_s`, garbled, 429 or 5xx) is sent again — the same request, so the
+//! same samples on the same weights — to another server, and the first is counted down
+//! (`server/requeued`). A server that is down gets no work until it answers `/health` again
+//! and has loaded the version the others serve. When no server answers for
+//! `server_timeout_s` the run stops ([`TrainError::Servers`], exit status 4). Every request
+//! is an event in `events.jsonl` with its batch, groups, server and outcome.
 
+use crate::events::{Event, EventKind, Timeline};
 use crate::recipe::{Recipe, Servers};
 use crate::{Result, TrainError};
 use burn::module::Module;
@@ -21,8 +30,8 @@ use rlft_model::{Tokenizer, Transformer, TransformerConfig};
 use rlft_rollout::{Generated, Generator, RolloutError, SamplingConfig};
 use rlft_serve::{Client, Policy, Server, ServerConfig};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 /// What the fleet did since the last report (`server/*` metrics).
@@ -40,12 +49,17 @@ pub struct ServerStats {
     pub write_secs: f64,
     /// Seconds the servers took to load them (every server's update route, side by side).
     pub load_secs: f64,
+    /// Requests sent again to another server after theirs failed.
+    pub requeued: usize,
 }
 
-/// One server and the requests it holds.
+/// One server, the requests it holds, and whether it may get work.
 struct Member {
     client: Client,
     busy: AtomicUsize,
+    /// Answering, and serving the fleet's version; a server that failed is down until it
+    /// answers `/health` again and has loaded that version.
+    up: AtomicBool,
 }
 
 /// What the weight pushes share: the version every server holds, the folders written.
@@ -73,6 +87,10 @@ pub struct Fleet {
     device: Option<Device>,
     /// The local servers' limits.
     local_config: ServerConfig,
+    /// Where requests are recorded (the run's timeline, once it is open).
+    timeline: RwLock<Option<Arc<Timeline>>>,
+    /// Where the next pick starts looking, so equally busy servers take turns.
+    turn: AtomicUsize,
 }
 
 /// `lock` that takes over a poisoned mutex (a panicking thread left nothing half-written).
@@ -142,6 +160,8 @@ impl Fleet {
             config: config.clone(),
             device,
             local_config,
+            timeline: RwLock::new(None),
+            turn: AtomicUsize::new(0),
         }))
     }
 
@@ -158,6 +178,16 @@ impl Fleet {
     /// The version every server serves, once one was pushed.
     pub fn serving(&self) -> Option<u64> {
         lock(&self.versions).serving
+    }
+
+    /// How many servers are up.
+    pub fn up(&self) -> usize {
+        self.members
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|m| m.up.load(Ordering::Relaxed))
+            .count()
     }
 
     /// The base URLs of the servers (the local ones once started).
@@ -223,37 +253,111 @@ impl Fleet {
         let t0 = Instant::now();
         let dir = self.write(version, weights())?;
         let t1 = Instant::now();
-        let members = self.members.read().unwrap_or_else(PoisonError::into_inner);
-        let failures: Vec<String> = std::thread::scope(|s| {
-            let pushes: Vec<_> = members
-                .iter()
-                .map(|m| s.spawn(|| m.client.update_weights(&dir, version)))
-                .collect();
-            pushes
-                .into_iter()
-                .filter_map(|h| match h.join() {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e.to_string()),
-                    Err(_) => Some("the weight push panicked".into()),
-                })
-                .collect()
-        });
-        drop(members);
-        if !failures.is_empty() {
-            return Err(TrainError::Servers(format!(
-                "weight version {version} did not reach every server ({}); check that \
-                 every server runs the run's model and can read {}",
-                failures.join("; "),
-                self.weights_dir.display()
-            )));
-        }
         v.serving = Some(version);
+        // Every server that answers takes the version; one that does not is down until it
+        // does. None answering for `server_timeout_s` stops the run.
+        let members = self.members.read().unwrap_or_else(PoisonError::into_inner);
+        let mut failures = push(&members, &dir, version, self.timeout);
+        let since = Instant::now();
+        while failures.len() == members.len() {
+            if since.elapsed() >= self.timeout {
+                return Err(TrainError::Servers(format!(
+                    "no server took weight version {version} for {:.0} s ({}); check that every \
+                     server runs the run's model and can read {}. The run stops; resume it with \
+                     --resume once servers answer",
+                    self.timeout.as_secs_f64(),
+                    failures.join("; "),
+                    self.weights_dir.display()
+                )));
+            }
+            std::thread::sleep(RETRY);
+            failures = push(&members, &dir, version, self.timeout);
+        }
+        drop(members);
         prune(&self.weights_dir, Some(version))?;
         let mut st = lock(&self.stats);
         st.syncs += 1;
         st.write_secs += (t1 - t0).as_secs_f64();
         st.load_secs += t1.elapsed().as_secs_f64();
         Ok(())
+    }
+
+    /// Records requests in `timeline` from now on.
+    pub fn set_timeline(&self, timeline: Arc<Timeline>) {
+        *self
+            .timeline
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(timeline);
+    }
+
+    /// Brings the servers that are down and answer `/health` again to the version the others
+    /// serve; returns whether any came back.
+    fn revive(&self) -> bool {
+        let v = lock(&self.versions);
+        let Some(version) = v.serving else {
+            return false;
+        };
+        let dir = self.weights_dir.join(format!("v{version}"));
+        let members = self.members.read().unwrap_or_else(PoisonError::into_inner);
+        let mut back = false;
+        for m in members.iter().filter(|m| !m.up.load(Ordering::Relaxed)) {
+            // A version the local servers started with was never written: they cannot be
+            // brought back (they live and die with this process).
+            if dir.exists()
+                && m.client.healthy(HEALTH_TIMEOUT.min(self.timeout))
+                && m.client.update_weights(&dir, version).is_ok()
+            {
+                eprintln!(
+                    "note: rollout server {} is back, serving version {version}",
+                    m.client.url()
+                );
+                m.up.store(true, Ordering::Relaxed);
+                back = true;
+            }
+        }
+        back
+    }
+
+    /// Records a request in the timeline.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        k: usize,
+        url: &str,
+        span: (Instant, Instant),
+        call: &Call,
+        version: u64,
+        tokens: usize,
+        outcome: String,
+    ) {
+        let Some(t) = self
+            .timeline
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        else {
+            return;
+        };
+        let now = t.now();
+        let at = |i: Instant| now - i.elapsed().as_secs_f64();
+        let mut groups = vec![call.round];
+        for &g in call.groups {
+            if !groups[1..].contains(&g) {
+                groups.push(g);
+            }
+        }
+        t.push(Event {
+            actor: format!("server/{k}"),
+            kind: EventKind::Request,
+            start_s: at(span.0),
+            end_s: at(span.1),
+            version,
+            tokens,
+            batch: Some(call.batch),
+            groups: Some(groups),
+            server: Some(url.to_string()),
+            outcome: Some(outcome),
+        });
     }
 
     /// Writes `weights` as `weights_dir/v<version>/`: into a temporary folder, each file
@@ -272,26 +376,44 @@ impl Fleet {
         Ok(dir)
     }
 
-    /// A generator sending a rollout's calls to the fleet, starting at `version`.
-    pub fn generator(&self, version: u64) -> FleetGenerator<'_> {
+    /// A generator sending the calls of batch `batch`'s sampling round `round` to the fleet,
+    /// starting at `version`.
+    pub fn generator(&self, version: u64, batch: u64, round: usize) -> FleetGenerator<'_> {
         FleetGenerator {
             fleet: self,
             version,
+            batch,
+            round,
         }
     }
 
-    /// The least busy server (the first of equals), counted busy until the guard drops.
-    fn pick(&self) -> std::result::Result<(Client, Busy<'_>), RolloutError> {
+    /// The least busy server that is up (equals take turns), counted busy until the guard
+    /// drops; `None` when every server is down.
+    fn pick(&self) -> Option<(usize, Client, Busy<'_>)> {
         let members = self.members.read().unwrap_or_else(PoisonError::into_inner);
-        let (k, m) = members
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, m)| m.busy.load(Ordering::Relaxed))
-            .ok_or_else(|| {
-                RolloutError::Server("no server is running: no weights were pushed yet".into())
-            })?;
-        m.busy.fetch_add(1, Ordering::Relaxed);
-        Ok((m.client.clone(), Busy { fleet: self, k }))
+        let n = members.len();
+        let start = self.turn.fetch_add(1, Ordering::Relaxed);
+        let k = (0..n)
+            .map(|i| (start + i) % n.max(1))
+            .filter(|&k| members[k].up.load(Ordering::Relaxed))
+            .min_by_key(|&k| members[k].busy.load(Ordering::Relaxed))?;
+        members[k].busy.fetch_add(1, Ordering::Relaxed);
+        Some((k, members[k].client.clone(), Busy { fleet: self, k }))
+    }
+
+    /// Counts server `k` down after `why`.
+    fn down(&self, k: usize, why: &str) {
+        let members = self.members.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(m) = members.get(k)
+            && m.up.swap(false, Ordering::Relaxed)
+        {
+            eprintln!("note: rollout server down, its requests go to the others: {why}");
+        }
+    }
+
+    /// The servers' URLs, for messages.
+    fn names(&self) -> String {
+        self.urls().join(", ")
     }
 }
 
@@ -332,7 +454,56 @@ fn member(url: &str, model: &str, timeout: Duration, api_key: Option<String>) ->
     Member {
         client: Client::new(url, model, timeout).with_api_key(api_key),
         busy: AtomicUsize::new(0),
+        up: AtomicBool::new(true),
     }
+}
+
+/// How long a request waits between tries when every server is down.
+const RETRY: Duration = Duration::from_millis(250);
+
+/// The longest a down server may take to answer `/health`.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Has every server that is up, or answers `/health` again, load `dir` as `version`, side by
+/// side; marks each up or down by the outcome and returns the failures.
+fn push(members: &[Member], dir: &Path, version: u64, timeout: Duration) -> Vec<String> {
+    std::thread::scope(|s| {
+        let pushes: Vec<_> = members
+            .iter()
+            .map(|m| {
+                s.spawn(move || {
+                    let was_up = m.up.load(Ordering::Relaxed);
+                    if !was_up && !m.client.healthy(HEALTH_TIMEOUT.min(timeout)) {
+                        return Err(format!("{}: does not answer /health", m.client.url()));
+                    }
+                    m.client
+                        .update_weights(dir, version)
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        pushes
+            .into_iter()
+            .zip(members)
+            .filter_map(|(h, m)| {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err("the weight push panicked".into()));
+                let was_up = m.up.swap(r.is_ok(), Ordering::Relaxed);
+                if let (true, Err(why)) = (was_up, &r) {
+                    eprintln!("note: rollout server down, it gets no work until it is back: {why}");
+                }
+                r.err()
+            })
+            .collect()
+    })
+}
+
+/// One sampler call, for the records.
+struct Call<'c> {
+    batch: u64,
+    round: usize,
+    groups: &'c [usize],
 }
 
 /// Removes the version folders (`v<k>`, and unfinished `.v<k>.tmp`) in `dir` but `keep`.
@@ -363,31 +534,89 @@ fn prune(dir: &Path, keep: Option<u64>) -> Result<()> {
 pub struct FleetGenerator<'f> {
     fleet: &'f Fleet,
     version: u64,
+    batch: u64,
+    round: usize,
 }
 
 impl Generator for FleetGenerator<'_> {
     fn generate(
         &mut self,
         prompts: &[Vec<u32>],
+        groups: &[usize],
         cfg: &SamplingConfig,
     ) -> std::result::Result<Generated, RolloutError> {
-        let (client, busy) = self.fleet.pick()?;
-        let t0 = Instant::now();
-        let answer = client.generate(prompts, cfg);
-        drop(busy);
-        let remote = answer.map_err(|e| RolloutError::Server(e.to_string()))?;
-        let tokens: usize = remote.completions.iter().map(|c| c.tokens.len()).sum();
-        if let Some(&newest) = remote.versions.iter().flatten().max() {
-            self.version = self.version.max(newest);
+        let fleet = self.fleet;
+        let call = Call {
+            batch: self.batch,
+            round: self.round,
+            groups,
+        };
+        // When every server went down: since when.
+        let mut all_down: Option<Instant> = None;
+        loop {
+            let Some((k, client, busy)) = fleet.pick() else {
+                let since = *all_down.get_or_insert_with(Instant::now);
+                if fleet.revive() {
+                    continue;
+                }
+                if since.elapsed() >= fleet.timeout {
+                    return Err(RolloutError::Server(format!(
+                        "no server answered for {:.0} s ({}); the run stops, and --resume \
+                         continues it once servers answer",
+                        fleet.timeout.as_secs_f64(),
+                        fleet.names()
+                    )));
+                }
+                std::thread::sleep(RETRY);
+                continue;
+            };
+            all_down = None;
+            let t0 = Instant::now();
+            let answer = client.generate(prompts, cfg);
+            drop(busy);
+            let span = (t0, Instant::now());
+            let remote = match answer {
+                Ok(r) => r,
+                Err(e) if e.is_server_fault() => {
+                    let why = e.to_string();
+                    fleet.record(
+                        k,
+                        client.url(),
+                        span,
+                        &call,
+                        self.version,
+                        0,
+                        format!("requeued: {why}"),
+                    );
+                    lock(&fleet.stats).requeued += 1;
+                    fleet.down(k, &why);
+                    continue;
+                }
+                Err(e) => return Err(RolloutError::Server(e.to_string())),
+            };
+            let tokens: usize = remote.completions.iter().map(|c| c.tokens.len()).sum();
+            let newest = remote.versions.iter().flatten().max().copied();
+            if let Some(newest) = newest {
+                self.version = self.version.max(newest);
+            }
+            fleet.record(
+                k,
+                client.url(),
+                span,
+                &call,
+                newest.unwrap_or(self.version),
+                tokens,
+                "ok".into(),
+            );
+            let mut st = lock(&fleet.stats);
+            st.requests += 1;
+            st.request_secs += (span.1 - span.0).as_secs_f64();
+            st.tokens += tokens;
+            return Ok(Generated {
+                completions: remote.completions,
+                versions: remote.versions,
+            });
         }
-        let mut st = lock(&self.fleet.stats);
-        st.requests += 1;
-        st.request_secs += t0.elapsed().as_secs_f64();
-        st.tokens += tokens;
-        Ok(Generated {
-            completions: remote.completions,
-            versions: remote.versions,
-        })
     }
 
     fn version(&self) -> u64 {
