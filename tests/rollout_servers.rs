@@ -169,6 +169,57 @@ fn bad_server_settings_are_refused_and_an_unreachable_server_stops_the_run() {
             ],
             &["async.interruptible", "rollout.servers"],
         ),
+        (
+            "server_protocol without servers",
+            &["rollout.server_protocol=\"vllm\""],
+            &["rollout.server_protocol", "rollout.servers"],
+        ),
+        (
+            "vllm on local servers",
+            &[
+                "rollout.servers=\"local:1\"",
+                "rollout.server_protocol=\"vllm\"",
+            ],
+            &["rollout.server_protocol", "local:N"],
+        ),
+        (
+            "vllm's raw log-probs as μ",
+            &[
+                "rollout.servers=[\"http://127.0.0.1:1\"]",
+                "rollout.server_protocol=\"vllm\"",
+                "rollout.temperature=0.7",
+            ],
+            &[
+                "algorithm.correction.mode",
+                "rollout.server_protocol",
+                "decoupled",
+            ],
+        ),
+        (
+            "sglang's unfiltered log-probs as μ",
+            &[
+                "rollout.servers=[\"http://127.0.0.1:1\"]",
+                "rollout.server_protocol=\"sglang\"",
+                "rollout.top_k=20",
+                "algorithm.correction.mode=\"bypass\"",
+            ],
+            &[
+                "algorithm.correction.mode",
+                "rollout.server_protocol",
+                "top-k",
+            ],
+        ),
+        (
+            "kept sets from vllm",
+            &[
+                "rollout.servers=[\"http://127.0.0.1:1\"]",
+                "rollout.server_protocol=\"vllm\"",
+                "rollout.top_k=20",
+                "algorithm.sampling_mask=\"replay\"",
+                "algorithm.correction.mode=\"recompute\"",
+            ],
+            &["algorithm.sampling_mask", "rollout.server_protocol"],
+        ),
     ] {
         cli::with_set(&mut cases, &tmp, name, sets, expect);
     }

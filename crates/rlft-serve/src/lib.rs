@@ -30,7 +30,7 @@ pub mod protocol;
 mod routes;
 pub mod state;
 
-pub use client::{Client, ClientError, Remote};
+pub use client::{Client, ClientError, Protocol, Remote};
 pub use config::ServerConfig;
 pub use error::{ApiError, ServeError};
 pub use state::Policy;

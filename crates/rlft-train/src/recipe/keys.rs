@@ -4,7 +4,7 @@
 use crate::{Result, TrainError};
 
 /// Keys (or whole sections) a resumed run may change.
-pub const RESUMABLE_KEYS: [&str; 8] = [
+pub const RESUMABLE_KEYS: [&str; 9] = [
     "schedule.steps",
     "eval",
     "checkpoint",
@@ -13,6 +13,7 @@ pub const RESUMABLE_KEYS: [&str; 8] = [
     "rollout.weights_dir",
     "rollout.server_timeout_s",
     "rollout.server_model",
+    "rollout.server_protocol",
 ];
 
 pub(super) fn resumable(key: &str) -> bool {

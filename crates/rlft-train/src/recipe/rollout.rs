@@ -58,6 +58,10 @@ pub struct RolloutSection {
     /// With `servers` given as URLs: the model name the servers serve (`rlft serve
     /// --served-model-name`, default `policy`).
     pub server_model: String,
+    /// With `servers` given as URLs: what they are — `rlft` (`rlft serve`, the default),
+    /// `vllm` (vLLM's OpenAI server with `VLLM_SERVER_DEV_MODE=1`) or `sglang` — which sets how
+    /// samples are asked for, how `log μ` and versions are read, and how weights are pushed.
+    pub server_protocol: rlft_serve::Protocol,
 }
 
 /// `rollout.server_timeout_s`'s default.
@@ -83,6 +87,7 @@ impl Default for RolloutSection {
             weights_dir: None,
             server_timeout_s: DEFAULT_SERVER_TIMEOUT_S,
             server_model: "policy".into(),
+            server_protocol: rlft_serve::Protocol::Rlft,
         }
     }
 }

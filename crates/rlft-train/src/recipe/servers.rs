@@ -2,6 +2,7 @@
 //! (the default), on `N` servers it starts inside itself (`"local:N"`), or on inference servers
 //! at the given base URLs.
 
+use rlft_serve::Protocol;
 use serde::{Deserialize, Serialize};
 
 /// Where rollouts are sampled (`rollout.servers`).
@@ -128,6 +129,10 @@ impl super::Recipe {
                     "rollout.server_model",
                     r.server_model != defaults.server_model,
                 ),
+                (
+                    "rollout.server_protocol",
+                    r.server_protocol != defaults.server_protocol,
+                ),
             ] {
                 if set {
                     return Err((
@@ -175,6 +180,20 @@ impl super::Recipe {
                     .into(),
             ));
         }
+        if matches!(r.servers, Servers::Local(_)) && r.server_protocol != Protocol::Rlft {
+            return Err((
+                "rollout.server_protocol",
+                format!(
+                    "is {:?} and rollout.servers = \"local:N\" starts rlft's own servers; remove \
+                     it, or list the {} servers' URLs",
+                    r.server_protocol.name(),
+                    r.server_protocol.name()
+                ),
+            ));
+        }
+        if r.server_protocol != Protocol::Rlft {
+            self.check_foreign_servers()?;
+        }
         if self.asynchrony.interruptible().is_some() {
             return Err((
                 "async.interruptible",
@@ -186,6 +205,78 @@ impl super::Recipe {
         }
         Ok(())
     }
+}
+
+impl super::Recipe {
+    /// What vLLM and SGLang servers cannot give: kept sets, routing, and (with some settings)
+    /// `log μ` itself.
+    fn check_foreign_servers(&self) -> Result<(), (&'static str, String)> {
+        use crate::correction::{CorrectionMode, SamplingMask};
+        let (r, a) = (&self.rollout, &self.algorithm);
+        let name = r.server_protocol.name();
+        if a.sampling_mask == SamplingMask::Replay {
+            return Err((
+                "algorithm.sampling_mask",
+                format!(
+                    "\"replay\" needs each token's kept set, which only rlft serve returns, and \
+                     rollout.server_protocol = {name:?}; use \"off\" or rlft serve"
+                ),
+            ));
+        }
+        if a.router_replay {
+            return Err((
+                "algorithm.router_replay",
+                format!(
+                    "needs the sampler's expert routing, which only rlft serve returns, and \
+                     rollout.server_protocol = {name:?}; remove it or use rlft serve"
+                ),
+            ));
+        }
+        let mode = a.correction.mode;
+        if matches!(mode, CorrectionMode::Bypass | CorrectionMode::Auto)
+            && !r.server_protocol.returns_mu(r.temperature, r.filtered())
+        {
+            let what = match r.server_protocol {
+                Protocol::Vllm => {
+                    "vLLM's log-probs (its default raw_logprobs) are the softmax before \
+                     temperature and top-k / top-p / min-p, not the μ tokens were drawn from"
+                }
+                _ => {
+                    "SGLang's log-probs are taken before top-k / top-p / min-p, not the μ \
+                     tokens were drawn from"
+                }
+            };
+            return Err((
+                "algorithm.correction.mode",
+                format!(
+                    "{:?} uses the servers' log-probs as μ, and with rollout.server_protocol = \
+                     {name:?} at rollout.temperature = {} {}: {what}. Set \
+                     algorithm.correction.mode = \"decoupled\" or \"recompute\" (π_old from a \
+                     forward pass){}",
+                    mode_name(mode),
+                    r.temperature,
+                    if r.filtered() {
+                        "with a filter"
+                    } else {
+                        "without filters"
+                    },
+                    match r.server_protocol {
+                        Protocol::Vllm => ", or sample at temperature 1 without filters",
+                        _ => ", or sample without filters",
+                    }
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A correction mode as recipes write it.
+fn mode_name(mode: crate::correction::CorrectionMode) -> String {
+    serde_json::to_value(mode)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_else(|| format!("{mode:?}"))
 }
 
 impl schemars::JsonSchema for Servers {

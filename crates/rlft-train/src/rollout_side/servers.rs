@@ -127,7 +127,11 @@ impl Fleet {
         let members = match &r.servers {
             Servers::Urls(urls) => urls
                 .iter()
-                .map(|u| member(u, &r.server_model, timeout, api_key.clone()))
+                .map(|u| {
+                    let mut m = member(u, &r.server_model, timeout, api_key.clone());
+                    m.client = m.client.with_protocol(r.server_protocol);
+                    m
+                })
                 .collect(),
             _ => Vec::new(),
         };
@@ -572,7 +576,7 @@ impl Generator for FleetGenerator<'_> {
             };
             all_down = None;
             let t0 = Instant::now();
-            let answer = client.generate(prompts, cfg);
+            let answer = client.generate(prompts, cfg, self.version);
             drop(busy);
             let span = (t0, Instant::now());
             let remote = match answer {
