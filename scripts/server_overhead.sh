@@ -34,6 +34,7 @@ run() { # name, extra --set arguments...
 import json, sys
 run, name = sys.argv[1], sys.argv[2]
 rows = [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
+rows = [r for r in rows if "time/step_s" in r]  # RL steps (not the step-0 evaluation)
 rows = rows[1:] or rows                        # the first step includes the servers' start
 mean = lambda k: sum(r.get(k, 0.0) for r in rows) / len(rows)
 print(f"| {name} | {60 / mean('time/step_s'):.2f} | {mean('time/step_s'):.2f} | "

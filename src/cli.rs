@@ -295,6 +295,7 @@ pub fn serve(
             .unwrap_or(&defaults.served_model_name)
             .to_string(),
         api_key,
+        log_updates: true,
         max_concurrent: args
             .get("max-concurrent", defaults.max_concurrent)
             .map_err(usage)?,

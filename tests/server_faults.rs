@@ -160,6 +160,43 @@ fn a_server_killed_or_hung_mid_request_costs_time_not_data() {
     }
 }
 
+/// Async mode at η = 2 with two workers: a server killed mid-request loses no group, and no
+/// consumed group is older than η.
+#[test]
+fn an_async_run_keeps_its_staleness_bound_when_a_server_dies() {
+    let tmp = Scratch::new();
+    let model = tmp.path("model");
+    train_ok(&model, &["schedule.steps=1"]);
+    let a = Serve::start(&model, &[]);
+    let mut b = Serve::start(&model, &[]);
+    let out = tmp.path("async");
+    let run = start_run(
+        &out,
+        &[&a, &b],
+        &[
+            "rollout.server_timeout_s=4.0",
+            "async.mode=\"async\"",
+            "async.max_staleness=2",
+            "async.rollout_workers=2",
+        ],
+    );
+    wait_in_flight(&b);
+    b.kill();
+    let (status, err) = finish(run);
+    assert!(status.success(), "{err}");
+    assert!(check_events(&out) >= 1, "no request requeued");
+    let lines = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let steps: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|m| m.get("reward/mean").is_some())
+        .collect();
+    assert_eq!(steps.len(), 8);
+    for m in &steps {
+        assert!(m["staleness/max"].as_f64().unwrap() <= 2.0, "{m}");
+    }
+}
+
 #[test]
 fn with_every_server_gone_the_run_stops_with_status_4_and_resumes_on_new_ones() {
     let tmp = Scratch::new();

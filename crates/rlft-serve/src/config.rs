@@ -39,4 +39,8 @@ pub struct ServerConfig {
     /// The largest request body in bytes.
     #[config(default = 67_108_864)]
     pub max_body_bytes: usize,
+    /// Print a line on stderr for each weight update (off for servers a trainer starts inside
+    /// itself, whose updates its metrics count).
+    #[config(default = true)]
+    pub log_updates: bool,
 }

@@ -487,7 +487,9 @@ async fn update_inner(st: &Arc<State>, body: Body) -> Result<serde_json::Value, 
             )
         })??;
     st.swap(loaded);
-    eprintln!("rlft serve: weight version {version} from {shown}");
+    if st.config.log_updates {
+        eprintln!("rlft serve: weight version {version} from {shown}");
+    }
     Ok(serde_json::json!({
         "success": true,
         "message": format!("loaded weight version {version} from {shown}"),

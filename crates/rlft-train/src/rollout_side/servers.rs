@@ -21,14 +21,16 @@
 //! `server_timeout_s` the run stops ([`TrainError::Servers`], exit status 4). Every request
 //! is an event in `events.jsonl` with its batch, groups, server and outcome.
 
-use crate::events::{Event, EventKind, Timeline};
+use crate::events::Timeline;
 use crate::recipe::{Recipe, Servers};
 use crate::{Result, TrainError};
 use burn::module::Module;
 use burn::tensor::Device;
 use rlft_model::{Tokenizer, Transformer, TransformerConfig};
-use rlft_rollout::{Generated, Generator, RolloutError, SamplingConfig};
 use rlft_serve::{Client, Policy, Server, ServerConfig};
+
+mod generator;
+pub use generator::FleetGenerator;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
@@ -144,6 +146,7 @@ impl Fleet {
         let context = r.max_prompt_len.saturating_add(r.max_total_tokens);
         let local_config = ServerConfig::new()
             .with_port(0)
+            .with_log_updates(false)
             .with_max_concurrent(recipe.asynchrony.rollout_workers.unwrap_or(1).max(1))
             .with_max_n(1)
             .with_max_rows(rows)
@@ -322,48 +325,6 @@ impl Fleet {
         back
     }
 
-    /// Records a request in the timeline.
-    #[allow(clippy::too_many_arguments)]
-    fn record(
-        &self,
-        k: usize,
-        url: &str,
-        span: (Instant, Instant),
-        call: &Call,
-        version: u64,
-        tokens: usize,
-        outcome: String,
-    ) {
-        let Some(t) = self
-            .timeline
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-        else {
-            return;
-        };
-        let now = t.now();
-        let at = |i: Instant| now - i.elapsed().as_secs_f64();
-        let mut groups = vec![call.round];
-        for &g in call.groups {
-            if !groups[1..].contains(&g) {
-                groups.push(g);
-            }
-        }
-        t.push(Event {
-            actor: format!("server/{k}"),
-            kind: EventKind::Request,
-            start_s: at(span.0),
-            end_s: at(span.1),
-            version,
-            tokens,
-            batch: Some(call.batch),
-            groups: Some(groups),
-            server: Some(url.to_string()),
-            outcome: Some(outcome),
-        });
-    }
-
     /// Writes `weights` as `weights_dir/v<version>/`: into a temporary folder, each file
     /// fsynced, then renamed whole.
     fn write(&self, version: u64, weights: Transformer) -> Result<PathBuf> {
@@ -503,13 +464,6 @@ fn push(members: &[Member], dir: &Path, version: u64, timeout: Duration) -> Vec<
     })
 }
 
-/// One sampler call, for the records.
-struct Call<'c> {
-    batch: u64,
-    round: usize,
-    groups: &'c [usize],
-}
-
 /// Removes the version folders (`v<k>`, and unfinished `.v<k>.tmp`) in `dir` but `keep`.
 fn prune(dir: &Path, keep: Option<u64>) -> Result<()> {
     let entries = match std::fs::read_dir(dir) {
@@ -532,100 +486,6 @@ fn prune(dir: &Path, keep: Option<u64>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Sends a rollout's sampler calls to the fleet (see [`Fleet::generator`]).
-pub struct FleetGenerator<'f> {
-    fleet: &'f Fleet,
-    version: u64,
-    batch: u64,
-    round: usize,
-}
-
-impl Generator for FleetGenerator<'_> {
-    fn generate(
-        &mut self,
-        prompts: &[Vec<u32>],
-        groups: &[usize],
-        cfg: &SamplingConfig,
-    ) -> std::result::Result<Generated, RolloutError> {
-        let fleet = self.fleet;
-        let call = Call {
-            batch: self.batch,
-            round: self.round,
-            groups,
-        };
-        // When every server went down: since when.
-        let mut all_down: Option<Instant> = None;
-        loop {
-            let Some((k, client, busy)) = fleet.pick() else {
-                let since = *all_down.get_or_insert_with(Instant::now);
-                if fleet.revive() {
-                    continue;
-                }
-                if since.elapsed() >= fleet.timeout {
-                    return Err(RolloutError::Server(format!(
-                        "no server answered for {:.0} s ({}); the run stops, and --resume \
-                         continues it once servers answer",
-                        fleet.timeout.as_secs_f64(),
-                        fleet.names()
-                    )));
-                }
-                std::thread::sleep(RETRY);
-                continue;
-            };
-            all_down = None;
-            let t0 = Instant::now();
-            let answer = client.generate(prompts, cfg, self.version);
-            drop(busy);
-            let span = (t0, Instant::now());
-            let remote = match answer {
-                Ok(r) => r,
-                Err(e) if e.is_server_fault() => {
-                    let why = e.to_string();
-                    fleet.record(
-                        k,
-                        client.url(),
-                        span,
-                        &call,
-                        self.version,
-                        0,
-                        format!("requeued: {why}"),
-                    );
-                    lock(&fleet.stats).requeued += 1;
-                    fleet.down(k, &why);
-                    continue;
-                }
-                Err(e) => return Err(RolloutError::Server(e.to_string())),
-            };
-            let tokens: usize = remote.completions.iter().map(|c| c.tokens.len()).sum();
-            let newest = remote.versions.iter().flatten().max().copied();
-            if let Some(newest) = newest {
-                self.version = self.version.max(newest);
-            }
-            fleet.record(
-                k,
-                client.url(),
-                span,
-                &call,
-                newest.unwrap_or(self.version),
-                tokens,
-                "ok".into(),
-            );
-            let mut st = lock(&fleet.stats);
-            st.requests += 1;
-            st.request_secs += (span.1 - span.0).as_secs_f64();
-            st.tokens += tokens;
-            return Ok(Generated {
-                completions: remote.completions,
-                versions: remote.versions,
-            });
-        }
-    }
-
-    fn version(&self) -> u64 {
-        self.version
-    }
 }
 
 #[cfg(test)]
