@@ -160,6 +160,45 @@ fn a_server_killed_or_hung_mid_request_costs_time_not_data() {
     }
 }
 
+/// A killed server restarted at its address gets work again, once it serves the run's version:
+/// the run ends bit for bit as a fault-free one, with requests answered by the new process.
+#[test]
+fn a_server_restarted_at_its_address_rejoins_on_the_current_version() {
+    let tmp = Scratch::new();
+    let longer: Vec<&str> = LONG.iter().copied().chain(["schedule.steps=12"]).collect();
+    let reference = tmp.path("reference");
+    train_ok(&reference, &longer);
+    let a = Serve::start(&reference, &[]);
+    let mut b = Serve::start(&reference, &[]);
+    let out = tmp.path("restarted");
+    let run = start_run(
+        &out,
+        &[&a, &b],
+        &["rollout.server_timeout_s=4.0", "schedule.steps=12"],
+    );
+    wait_in_flight(&b);
+    b.kill();
+    let port = b.url.rsplit(':').next().unwrap().to_string();
+    let b2 = Serve::start(&reference, &["--port", &port]);
+    assert_eq!(b2.url, b.url);
+    let (status, err) = finish(run);
+    assert!(status.success(), "{err}");
+    assert!(err.contains("is back"), "{err}");
+    assert_same_run(&reference, &out, "restarted");
+    assert!(check_events(&out) >= 1);
+    // The new process answered requests, on the version the run had reached.
+    let after_restart = events(&out)
+        .iter()
+        .filter(|e| e["kind"] == "request" && e["server"] == b.url.as_str())
+        .skip_while(|e| e["outcome"] == "ok")
+        .skip_while(|e| e["outcome"] != "ok")
+        .count();
+    assert!(after_restart >= 1, "the restarted server got no request");
+    let (_, models) = b2.get("/v1/models");
+    let v: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(v["data"][0]["weight_version"].as_u64(), Some(12));
+}
+
 /// Async mode at η = 2 with two workers: a server killed mid-request loses no group, and no
 /// consumed group is older than η.
 #[test]

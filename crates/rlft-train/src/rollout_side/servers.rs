@@ -455,8 +455,15 @@ fn push(members: &[Member], dir: &Path, version: u64, timeout: Duration) -> Vec<
                     .join()
                     .unwrap_or_else(|_| Err("the weight push panicked".into()));
                 let was_up = m.up.swap(r.is_ok(), Ordering::Relaxed);
-                if let (true, Err(why)) = (was_up, &r) {
-                    eprintln!("note: rollout server down, it gets no work until it is back: {why}");
+                match (was_up, &r) {
+                    (true, Err(why)) => eprintln!(
+                        "note: rollout server down, it gets no work until it is back: {why}"
+                    ),
+                    (false, Ok(())) => eprintln!(
+                        "note: rollout server {} is back, serving version {version}",
+                        m.client.url()
+                    ),
+                    _ => {}
                 }
                 r.err()
             })
