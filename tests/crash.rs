@@ -7,6 +7,10 @@
 //! The child announces the point and waits there (`RLFT_PAUSE_AT`, see `rlft_train::fault`),
 //! so the kill lands exactly at it.
 
+#[path = "support/cli.rs"]
+mod cli;
+
+use cli::{final_weights as weights, log_without_timings as metrics};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -83,27 +87,6 @@ fn kill_at(out_dir: &Path, point: &str, sets: &[&str]) {
         "the run never reached {point} ({status}); its stderr:\n{}",
         seen.join("\n")
     );
-}
-
-/// A JSONL log's lines without timings and throughput.
-fn metrics(path: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .map(|l| {
-            let mut m: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_str(l).unwrap();
-            m.retain(|k, _| {
-                k != "tokens_per_s" && !k.starts_with("time/") && !k.starts_with("async/")
-            });
-            m
-        })
-        .collect()
-}
-
-fn weights(run: &Path) -> Vec<u8> {
-    let p = run.join("final/model.safetensors");
-    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 #[test]

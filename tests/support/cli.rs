@@ -1,6 +1,7 @@
 //! Helpers of the tests that run the `rlft` binary (`bad_input.rs`, `bad_input_bounds.rs`,
-//! `serve.rs`): scratch folders, cases that must fail with a clear message, and the runner
-//! that checks them. Each test file uses a part of them.
+//! `crash.rs`, `serve.rs`, `rollout_servers.rs`, `server_faults.rs`): scratch folders, cases
+//! that must fail with a clear message and the runner that checks them, training runs and
+//! their logs without timings. Each test file uses a part of them.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -181,8 +182,13 @@ pub fn train_recipe_ok(recipe: &Path, out: &Path, sets: &[&str]) {
 /// A run's `metrics.jsonl` lines without the keys that measure time or the servers
 /// (`time/*`, `tokens_per_s`, `async/*`, `server/*`).
 pub fn metrics_without_timings(run: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    let path = run.join("metrics.jsonl");
-    std::fs::read_to_string(&path)
+    log_without_timings(&run.join("metrics.jsonl"))
+}
+
+/// A JSONL log's lines (`metrics.jsonl`, `sft_metrics.jsonl`) without the keys that measure
+/// time or the servers.
+pub fn log_without_timings(path: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .lines()
         .map(|l| {
