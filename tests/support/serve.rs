@@ -125,11 +125,11 @@ impl Serve {
             .unwrap_or(0)
     }
 
-    /// Sends the process `signal` (`STOP`, `CONT`) with `kill`.
+    /// Sends the process `signal` (`STOP`, `CONT`) with the shell's `kill`.
     pub fn signal(&self, signal: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
+        let ok = Command::new("sh")
+            .arg("-c")
+            .arg(format!("kill -{signal} {}", self.child.id()))
             .status()
             .unwrap();
         assert!(ok.success(), "kill -{signal}");
