@@ -30,6 +30,9 @@ impl Generator for FleetGenerator<'_> {
         };
         // When every server went down: since when.
         let mut all_down: Option<Instant> = None;
+        // However the servers fail, a call gives up once each could have had a full try.
+        let started = Instant::now();
+        let patience = fleet.timeout * (fleet.len() as u32 + 1);
         loop {
             let Some((k, client, busy)) = fleet.pick() else {
                 let since = *all_down.get_or_insert_with(Instant::now);
@@ -67,6 +70,13 @@ impl Generator for FleetGenerator<'_> {
                     );
                     lock(&fleet.stats).requeued += 1;
                     fleet.down(k, &why);
+                    if started.elapsed() >= patience {
+                        return Err(RolloutError::Server(format!(
+                            "no server answered this request in {:.0} s, the last one: {why}; \
+                             the run stops, and --resume continues it once servers answer",
+                            started.elapsed().as_secs_f64()
+                        )));
+                    }
                     continue;
                 }
                 Err(e) => return Err(RolloutError::Server(e.to_string())),
