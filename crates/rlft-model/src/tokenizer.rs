@@ -380,6 +380,13 @@ impl Tokenizer {
         })
     }
 
+    /// Whether a text of `bytes` bytes surely tokenises to more than `tokens` tokens (longer
+    /// than `tokens` × [`Tokenizer::max_token_bytes`]): such a text can be refused or skipped
+    /// without being tokenised, which costs far more memory than the text.
+    pub fn surely_longer_than(&self, bytes: usize, tokens: usize) -> bool {
+        bytes > tokens.saturating_mul(self.max_token_bytes())
+    }
+
     /// Number of token ids (vocabulary plus added tokens).
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -252,14 +252,9 @@ pub fn rollout_with(
     let mut batch = RolloutBatch::default();
     let mut kept = Vec::new();
     let mut episodes = Vec::new();
-    // A rendered prompt longer than this many bytes has more than `max_prompt_len` tokens: it
-    // is skipped without being tokenised (tokenising costs far more memory than the text).
-    let max_prompt_bytes = cfg
-        .max_prompt_len
-        .saturating_mul(tokenizer.max_token_bytes());
     for ex in examples {
         let text = ex.prompt.render(tokenizer)?;
-        if text.len() > max_prompt_bytes {
+        if tokenizer.surely_longer_than(text.len(), cfg.max_prompt_len) {
             batch.skipped_prompts += 1;
             continue;
         }

@@ -82,10 +82,10 @@ pub fn prompt_rows(input: &PromptInput, policy: &Policy) -> Result<Vec<Vec<u32>>
 
 /// The token ids of a text prompt.
 fn encode(text: &str, policy: &Policy) -> Result<Vec<u32>, ApiError> {
-    let bound = policy
-        .context()
-        .saturating_mul(policy.tokenizer.max_token_bytes());
-    if text.len() > bound {
+    if policy
+        .tokenizer
+        .surely_longer_than(text.len(), policy.context())
+    {
         return Err(too_long("prompt", text.len(), policy.context()));
     }
     policy

@@ -35,7 +35,7 @@ impl Demo {
         max_len: usize,
     ) -> Result<Option<Self>> {
         let bytes = prompt.len() + turns.iter().map(|(t, _)| t.len()).sum::<usize>();
-        if bytes > max_len.saturating_mul(tokenizer.max_token_bytes()) {
+        if tokenizer.surely_longer_than(bytes, max_len) {
             return Ok(None);
         }
         let prompt = tokenizer.encode(prompt)?;
