@@ -121,8 +121,9 @@ impl RolloutSide {
     /// Collects batch `serial` with `model` (policy `version`), drawing prompts from `draw`: with
     /// dynamic sampling, zero-spread groups are dropped and more prompts drawn, up to
     /// `rounds` rounds. With `fleet`, the sampler calls go to the servers instead, which the
-    /// caller brought to `version` ([`Fleet::serve_version`]). With interruptible generation, `poll` hands newer weights to the
-    /// generation between decode steps (later rounds start with the newest).
+    /// caller brought to `version` ([`Fleet::serve_version`]). With interruptible generation,
+    /// `poll` hands newer weights to the generation between decode steps (later rounds start
+    /// with the newest).
     ///
     /// # Errors
     /// A rollout that fails (tokenizer, model or environment errors).

@@ -45,8 +45,6 @@ pub struct ServerStats {
     pub request_secs: f64,
     /// Tokens the servers generated.
     pub tokens: usize,
-    /// Weight versions brought to the servers.
-    pub syncs: usize,
     /// Seconds writing weights to `weights_dir`.
     pub write_secs: f64,
     /// Seconds the servers took to load them (every server's update route, side by side).
@@ -64,7 +62,7 @@ struct Member {
     up: AtomicBool,
 }
 
-/// What the weight pushes share: the version every server holds, the folders written.
+/// What the weight pushes share: the version every server holds, and the local servers.
 #[derive(Default)]
 struct Versions {
     /// The version every server serves (`None`: not pushed yet).
@@ -130,9 +128,11 @@ impl Fleet {
             Servers::Urls(urls) => urls
                 .iter()
                 .map(|u| {
-                    let mut m = member(u, &r.server_model, timeout, api_key.clone());
-                    m.client = m.client.with_protocol(r.server_protocol);
-                    m
+                    member(
+                        Client::new(u, &r.server_model, timeout)
+                            .with_api_key(api_key.clone())
+                            .with_protocol(r.server_protocol),
+                    )
                 })
                 .collect(),
             _ => Vec::new(),
@@ -249,18 +249,16 @@ impl Fleet {
             *self.members.write().unwrap_or_else(PoisonError::into_inner) = v
                 .local
                 .iter()
-                .map(|s| member(&s.url(), "policy", self.timeout, None))
+                .map(|s| member(Client::new(&s.url(), "policy", self.timeout)))
                 .collect();
             v.serving = Some(version);
             let mut st = lock(&self.stats);
-            st.syncs += 1;
             st.load_secs += t0.elapsed().as_secs_f64();
             return Ok(());
         }
         let t0 = Instant::now();
         let dir = self.write(version, weights())?;
         let t1 = Instant::now();
-        v.serving = Some(version);
         // Every server that answers takes the version; one that does not is down until it
         // does. None answering for `server_timeout_s` stops the run.
         let members = self.members.read().unwrap_or_else(PoisonError::into_inner);
@@ -281,9 +279,9 @@ impl Fleet {
             failures = push(&members, &dir, version, self.timeout);
         }
         drop(members);
+        v.serving = Some(version);
         prune(&self.weights_dir, Some(version))?;
         let mut st = lock(&self.stats);
-        st.syncs += 1;
         st.write_secs += (t1 - t0).as_secs_f64();
         st.load_secs += t1.elapsed().as_secs_f64();
         Ok(())
@@ -415,9 +413,9 @@ impl Drop for Busy<'_> {
     }
 }
 
-fn member(url: &str, model: &str, timeout: Duration, api_key: Option<String>) -> Member {
+fn member(client: Client) -> Member {
     Member {
-        client: Client::new(url, model, timeout).with_api_key(api_key),
+        client,
         busy: AtomicUsize::new(0),
         up: AtomicBool::new(true),
     }
