@@ -1,7 +1,8 @@
-//! The PPO-family clip curves (the lecture's p.32): the per-token objective against the
-//! importance ratio for A = +1 and A = −1, for every loss and preset of the registry, computed
-//! by the losses themselves (PPO, Clip-Higher, dual clip, CISPO, GSPO, CTPO at positions 1, 16
-//! and 256, ...). Batch-coupled losses are listed as not drawable, with the reason.
+//! The PPO-family clip curves (p.32 of the stale-samples lecture, docs/stale-samples.md): the
+//! per-token objective against the importance ratio for A = +1 and A = −1, for every loss and
+//! preset of the registry, computed by the losses themselves (PPO, Clip-Higher, dual clip, CISPO,
+//! GSPO, CTPO at positions 1, 16 and 256, ...). Batch-coupled losses are listed as not drawable,
+//! with the reason.
 //!
 //! ```text
 //! cargo run --release --example clip_curves -- [--out DIR]     # default docs/img

@@ -1,9 +1,9 @@
-//! The lecture's Fig. 1 on a real run: train with samples drawn by a policy k versions old
-//! (the lagged testbed, `async.mode = "lagged"`, π_old recomputed at every step), score them
-//! with the current policy, and draw
-//! the cumulative log-ratio `log Π πθ/μ` by token position: near 0 (ratio near 1) for the first
-//! tokens, fanning out further into the response, the more so the older the sampler.
-//! `examples/staleness_numbers.rs` computes the lecture's worked numbers; this one measures.
+//! Fig. 1 of the stale-samples lecture (docs/stale-samples.md) on a real run: train with samples
+//! drawn by a policy k versions old (the lagged testbed, `async.mode = "lagged"`, π_old recomputed
+//! at every step), score them with the current policy, and draw the cumulative log-ratio `log Π
+//! πθ/μ` by token position: near 0 (ratio near 1) for the first tokens, fanning out further into
+//! the response, the more so the older the sampler. `examples/staleness_numbers.rs` computes the
+//! lecture's worked numbers; this one measures.
 //!
 //! ```text
 //! cargo run --release --example staleness -- [--recipe R] [--lags 0,4] [--steps N] [--out DIR]

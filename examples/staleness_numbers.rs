@@ -1,4 +1,5 @@
-//! The lecture's staleness numbers, computed with rlft-algo.
+//! The staleness numbers of the stale-samples lecture (docs/stale-samples.md, "The lecture"),
+//! computed with rlft-algo.
 //!
 //! ```text
 //! cargo run --release --example staleness_numbers

@@ -3,7 +3,7 @@
 # bit: every metric but the timing ones (time/*, tokens_per_s, async/*: throughput and idle
 # fractions of the asynchronous pipeline, server/*: the rollout servers), and the final weights.
 # REMOVED lists metric keys dropped on purpose since the reference (reward/total, which always
-# equalled reward/mean).
+# equalled reward/mean; eval/mean_at_k, the old name of eval/mean@<k>).
 # For refactors that must not change training (the stage split of the trainer, new settings
 # whose default is off).
 #
@@ -45,7 +45,7 @@ import json, sys
 old, new = sys.argv[1], sys.argv[2]
 a = [json.loads(l) for l in open(f"{old}/metrics.jsonl")]
 b = [json.loads(l) for l in open(f"{new}/metrics.jsonl")]
-REMOVED = {"reward/total"}  # metric keys dropped on purpose since the reference commit
+REMOVED = {"reward/total", "eval/mean_at_k"}  # metric keys dropped on purpose since the reference commit
 skip = lambda k: (k.startswith(("time/", "async/", "server/")) or k == "tokens_per_s"
                   or k in REMOVED)
 diffs = [(x["step"], k, x[k], y.get(k)) for x, y in zip(a, b) for k in x

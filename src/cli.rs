@@ -120,6 +120,7 @@ pub fn train(args: impl IntoIterator<Item = String>) -> Result<String, rlft_trai
         recipe: args.positional.first().map(Into::into),
         overrides,
         resume: args.value("resume").map(Into::into),
+        ..TrainCommand::default()
     };
     // A bad command line or recipe is rejected before the Ctrl-C handler is installed.
     let recipe = cmd.recipe()?;

@@ -114,6 +114,69 @@ fn documents_describe_the_product_not_its_making() {
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
+/// Lab-notebook wording: phrases that only make sense to whoever made a change, and commit
+/// hashes (7–40 hex digits with a letter and a digit) in prose. Fenced code blocks, inline code
+/// and table rows (measurements) are not prose.
+fn notebook_wording(text: &str) -> Vec<(usize, String)> {
+    const PHRASES: [&str; 4] = ["this change", "that change", "previous stop", "earlier run"];
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced || line.trim_start().starts_with('|') {
+            continue;
+        }
+        // Inline code spans out.
+        let prose: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0)
+            .map(|(_, s)| s)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let lower = prose.to_lowercase();
+        let phrase = PHRASES.iter().find(|p| lower.contains(*p));
+        let hash = lower.split(|c: char| !c.is_ascii_alphanumeric()).find(|w| {
+            (7..=40).contains(&w.len())
+                && w.chars().all(|c| c.is_ascii_hexdigit())
+                && w.chars().any(|c| c.is_ascii_digit())
+                && w.chars().any(|c| c.is_ascii_alphabetic())
+        });
+        if let Some(what) = phrase.map(|p| p.to_string()).or(hash.map(String::from)) {
+            out.push((n + 1, what));
+        }
+    }
+    out
+}
+
+/// No page or recipe reads like a lab notebook ([`notebook_wording`]).
+#[test]
+fn documents_carry_no_notebook_wording() {
+    let mut texts = pages();
+    texts.extend(files(&root().join("recipes"), &["toml"]));
+    let mut found = Vec::new();
+    for p in texts {
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
+        for (n, what) in notebook_wording(&text) {
+            found.push(format!("{}:{n}: {what:?}", p.display()));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn notebook_wording_is_found_in_prose_only() {
+    let text = "With commit 17f2656 the step\nafter this change it\n| 17f2656 | 1.0 |\n\
+                `abc1234` in code\n```\nthat change\n```\nseed 1234567, the deadbeef value\n";
+    let found: Vec<usize> = notebook_wording(text).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(found, [1, 2]);
+}
+
 #[test]
 fn the_link_parser_finds_links_and_skips_code() {
     let t = "see [a](docs/a.md) and `[b](nope)`\n```\n[c](nope)\n```\n[d](x.md#part \"t\")";

@@ -1,5 +1,5 @@
-//! Staleness diagnostics: how the cumulative importance ratio spreads along the trajectory
-//! (the lecture's Fig. 1 quantity), as plain numbers a trainer can log or plot.
+//! Staleness diagnostics: how the cumulative importance ratio spreads along the trajectory (the
+//! quantity of the stale-samples lecture's Fig. 1), as plain numbers a trainer can log or plot.
 
 use crate::masked::to_host;
 use crate::{AlgoError, Result};

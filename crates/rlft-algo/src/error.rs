@@ -45,6 +45,16 @@ pub enum AlgoError {
         /// What is allowed, in words.
         allowed: &'static str,
     },
+    /// A loss's own setting (`[algorithm.<section>]` of a recipe) that cannot be used.
+    #[error("{section}{}{key}: {message}", if .key.is_empty() { "" } else { "." })]
+    LossSetting {
+        /// The settings' section (`vespo`).
+        section: String,
+        /// The key inside it (`pos`); empty for the section as a whole.
+        key: String,
+        /// What is wrong and what is allowed.
+        message: String,
+    },
     /// A loss was asked for an input it needs but was not given.
     #[error("loss '{loss}' needs `{input}`: {hint}")]
     MissingInput {

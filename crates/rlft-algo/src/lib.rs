@@ -10,8 +10,9 @@
 //! trained on, `0.0` for padding and tool observations) and runs on any burn [`Device`], in f32
 //! or f64, with or without autodiff. Nothing here does I/O or knows about models.
 //!
-//! Notation follows the lecture: `ρ` is an importance ratio, `μ` the behaviour policy that
-//! sampled the tokens, `πθ` the policy being trained, `A` an advantage.
+//! Notation follows the stale-samples lecture (docs/stale-samples.md, "The lecture"): `ρ` is an
+//! importance ratio, `μ` the behaviour policy that sampled the tokens, `πθ` the policy being
+//! trained, `A` an advantage.
 //!
 //! [`Device`]: burn::tensor::Device
 

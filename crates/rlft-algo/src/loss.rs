@@ -19,6 +19,7 @@ mod registry;
 mod reinforce;
 mod reinforce_is;
 mod sapo;
+mod settings;
 #[cfg(test)]
 mod tests;
 mod topr;
@@ -26,19 +27,20 @@ mod vespo;
 
 pub use cispo::Cispo;
 pub use clipped::ClippedSurrogate;
-pub use cov::{ClipCov, KlCov};
+pub use cov::{ClipCov, ClipCovSettings, KlCov, KlCovSettings};
 pub use dppo::{Dppo, DppoDivergence};
-pub use dro::Dro;
+pub use dro::{Dro, DroSettings};
 pub use geo_mean::GeoMean;
 pub use gpg::Gpg;
 pub use output::{MetricValues, PolicyLossMetrics, PolicyLossOutput};
-pub use prime::{PrimeMask, PrimeRl};
-pub use registry::{LossRegistry, Preset};
+pub use prime::{PrimeMask, PrimeRl, PrimeRlSettings};
+pub use registry::{LossRegistry, LossSection, Preset};
 pub use reinforce::Reinforce;
 pub use reinforce_is::ReinforceIs;
-pub use sapo::Sapo;
-pub use topr::Topr;
-pub use vespo::Vespo;
+pub use sapo::{Sapo, SapoSettings};
+pub use settings::{LossSettings, SettingError};
+pub use topr::{Topr, ToprSettings};
+pub use vespo::{Vespo, VespoSettings};
 
 use crate::aggregation::{GlobalBatchInfo, LossAggregation};
 use crate::clip::{Bounds, ClipRange, CtpoBounds};
@@ -51,8 +53,10 @@ use burn::config::Config;
 use burn::tensor::{Bool, Tensor};
 use std::collections::BTreeMap;
 
-/// Settings shared by all policy losses. A loss reads the fields it needs; presets
-/// ([`LossRegistry::resolve`]) fill them for a named algorithm, and explicit settings override.
+/// Settings every policy loss shares: the clip range, the ratio's level, the aggregation, the
+/// reference KL and the entropy bonus. Presets ([`LossRegistry::resolve`]) fill them for a named
+/// algorithm, and explicit settings override. A loss's own settings (VESPO's gamma weights,
+/// Clip-Cov's band, …) live in the loss, read from its [`LossSettings`].
 #[derive(Config, Debug, PartialEq)]
 pub struct PolicyLossConfig {
     /// ε_low: ratios are clipped below at `1 − clip_ratio_low`.
@@ -79,33 +83,6 @@ pub struct PolicyLossConfig {
     /// CTPO's position-adaptive log-space bounds (used by `ctpo`).
     #[config(default = "CtpoBounds::default()")]
     pub ctpo: CtpoBounds,
-    /// DRO's quadratic penalty β on the log-ratio.
-    #[config(default = 0.1)]
-    pub dro_beta: f64,
-    /// Clip-Cov: fraction of the valid tokens whose gradient is detached (at least one).
-    #[config(default = 0.0002)]
-    pub clip_cov_ratio: f64,
-    /// Clip-Cov: candidates have a covariance above this.
-    #[config(default = 1.0)]
-    pub clip_cov_lb: f64,
-    /// Clip-Cov: candidates have a covariance below this.
-    #[config(default = 5.0)]
-    pub clip_cov_ub: f64,
-    /// Clip-Cov: seed of the host RNG that draws among the candidates.
-    #[config(default = 0)]
-    pub clip_cov_seed: u64,
-    /// KL-Cov: fraction of the valid tokens that get the |log ρ| penalty (at least one).
-    #[config(default = 0.0002)]
-    pub kl_cov_ratio: f64,
-    /// KL-Cov: coefficient of the |log ρ| penalty.
-    #[config(default = 0.1)]
-    pub ppo_kl_coef: f64,
-    /// SAPO gate temperature for positive advantages.
-    #[config(default = 1.0)]
-    pub sapo_tau_pos: f64,
-    /// SAPO gate temperature for non-positive advantages.
-    #[config(default = 1.05)]
-    pub sapo_tau_neg: f64,
     /// β of the reference KL added to the loss (0: off; needs `ref_log_prob`).
     #[config(default = 0.0)]
     pub kl_coef: f64,
@@ -119,24 +96,6 @@ pub struct PolicyLossConfig {
     /// ratio `πθ/π_old` at the configured level, not detached (TRL's `use_bias_correction_kl`).
     #[config(default = false)]
     pub kl_bias_correction: bool,
-    /// VESPO: `(k, λ)` of the gamma weight for rows with `A ≥ 0` (TRL's defaults 2 and 3).
-    #[config(default = "(2.0, 3.0)")]
-    pub vespo_pos: (f64, f64),
-    /// VESPO: `(k, λ)` of the gamma weight for rows with `A < 0` (TRL's defaults 3 and 2).
-    #[config(default = "(3.0, 2.0)")]
-    pub vespo_neg: (f64, f64),
-    /// TOPR: weights of the rows with a positive and a non-positive score (ROLL's defaults 1, 1).
-    #[config(default = "(1.0, 1.0)")]
-    pub topr_weights: (f64, f64),
-    /// prime-rl: scale of the advantage term (`adv_tau`, default 1).
-    #[config(default = 1.0)]
-    pub adv_tau: f64,
-    /// prime-rl: coefficient of the squared log-ratio penalty (`kl_tau`, default 1e-3).
-    #[config(default = 0.001)]
-    pub kl_tau: f64,
-    /// prime-rl's IPO loss: masks tokens whose probability moved by more than this (default 0.1).
-    #[config(default = 0.1)]
-    pub ipo_threshold: f64,
 }
 
 impl PolicyLossConfig {
@@ -149,64 +108,9 @@ impl PolicyLossConfig {
     pub fn validate(&self) -> Result<()> {
         self.clip_range().validate(false)?;
         self.ctpo.validate()?;
-        let positive = [
-            ("dro_beta", self.dro_beta),
-            ("sapo_tau_pos", self.sapo_tau_pos),
-            ("sapo_tau_neg", self.sapo_tau_neg),
-        ];
-        for (name, v) in positive {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(AlgoError::InvalidSetting {
-                    name,
-                    value: v,
-                    allowed: "must be finite and > 0",
-                });
-            }
-        }
-        for (name, v) in [
-            ("clip_cov_ratio", self.clip_cov_ratio),
-            ("kl_cov_ratio", self.kl_cov_ratio),
-        ] {
-            if !(v.is_finite() && v > 0.0 && v <= 1.0) {
-                return Err(AlgoError::InvalidSetting {
-                    name,
-                    value: v,
-                    allowed: "must be in (0, 1] (the fraction of tokens selected; verl's default 0.0002)",
-                });
-            }
-        }
-        if self.clip_cov_lb.partial_cmp(&self.clip_cov_ub) != Some(std::cmp::Ordering::Less) {
-            return Err(AlgoError::InvalidSetting {
-                name: "clip_cov_ub",
-                value: self.clip_cov_ub,
-                allowed: "must be above clip_cov_lb (defaults 1.0 and 5.0)",
-            });
-        }
-        let (kp, lp) = self.vespo_pos;
-        let (kn, ln) = self.vespo_neg;
-        for (name, v) in [
-            ("vespo_pos.k", kp),
-            ("vespo_pos.lambda", lp),
-            ("vespo_neg.k", kn),
-            ("vespo_neg.lambda", ln),
-            ("ipo_threshold", self.ipo_threshold),
-        ] {
-            if !v.is_finite() {
-                return Err(AlgoError::InvalidSetting {
-                    name,
-                    value: v,
-                    allowed: "must be finite",
-                });
-            }
-        }
         for (name, v) in [
             ("kl_coef", self.kl_coef),
             ("entropy_coef", self.entropy_coef),
-            ("ppo_kl_coef", self.ppo_kl_coef),
-            ("topr_weights.positive", self.topr_weights.0),
-            ("topr_weights.negative", self.topr_weights.1),
-            ("adv_tau", self.adv_tau),
-            ("kl_tau", self.kl_tau),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(AlgoError::InvalidSetting {
@@ -255,6 +159,9 @@ pub struct PolicyLossInput {
     /// The rollout engine's per-token importance ratio `π_old/μ` (0 for rejected tokens, 1 at
     /// padding), which VESPO folds into its sequence weight over all positions.
     pub sampling_is_ratio: Option<Tensor<2>>,
+    /// Seed of any host RNG the loss draws from (Clip-Cov's choice among its candidates); vary
+    /// it per step for fresh draws.
+    pub seed: u64,
 }
 
 impl PolicyLossInput {
@@ -280,7 +187,14 @@ impl PolicyLossInput {
             versions: None,
             scores: None,
             sampling_is_ratio: None,
+            seed: 0,
         }
+    }
+
+    /// Sets the seed of the loss's host RNG.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
     }
 
     /// Multiplies the per-token policy loss by `keep` (a `[batch, T]` or `[batch, 1]` mask or

@@ -189,7 +189,8 @@ mod tests {
 
     use crate::testing::t2;
 
-    /// The lecture's numbers: 0.70/0.40 = 1.75 and 0.20/0.40 = 0.50.
+    /// The stale-samples lecture's numbers (docs/stale-samples.md, "The lecture"): 0.70/0.40 = 1.75
+    /// and 0.20/0.40 = 0.50.
     #[test]
     fn seed_token_ratios() {
         let lp = t2(vec![0.70f64.ln(), 0.20f64.ln()], 1, 2);

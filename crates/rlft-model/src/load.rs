@@ -63,7 +63,10 @@ impl WeightFiles {
         } else {
             return Err(ModelError::Weights {
                 path: dir.into(),
-                msg: "no model.safetensors or model.safetensors.index.json in this folder".into(),
+                msg: "no model.safetensors or model.safetensors.index.json in this folder (PyTorch .bin \
+                      files are not read: save the model with transformers' \
+                      save_pretrained(dir, safe_serialization=True))"
+                    .into(),
             });
         };
         let mut maps = Vec::new();

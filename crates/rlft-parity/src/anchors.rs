@@ -14,10 +14,13 @@ pub(crate) fn roll_topr(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
     let roll = |k: &str| c.opt_num(&["config", "roll", k]);
     let registry = LossRegistry::with_builtins();
     let mut cfg = registry.resolve("topr").map_err(|e| c.algo(e))?.config;
-    cfg.topr_weights = (
+    let weights = serde_json::json!({"weights": [
         roll("topr_positive_weight").unwrap_or(1.0),
         roll("topr_negative_weight").unwrap_or(1.0),
-    );
+    ]});
+    let loss = registry
+        .build("topr", Some(&weights))
+        .map_err(|e| c.algo(e))?;
     cfg.aggregation = c.agg(&["config", "roll", "loss_agg_mode"])?;
     let log_prob = c.tensor::<2>("log_prob")?.require_grad();
     let (mask, mask_v) = c.mask()?;
@@ -37,9 +40,7 @@ pub(crate) fn roll_topr(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
     if let Some(r) = c.opt_tensor("ref_log_prob")? {
         input = input.with_ref_log_prob(r);
     }
-    let out = registry
-        .compute("topr", &input, &cfg)
-        .map_err(|e| c.algo(e))?;
+    let out = loss.compute(&input, &cfg).map_err(|e| c.algo(e))?;
     let extras = out.metrics.read_extras().map_err(|e| c.algo(e))?;
     c.loss_and_grad(cmp, out.loss, &log_prob, "log_prob", Some(&mask_v))?;
     let got: BTreeMap<String, f64> = extras
@@ -63,9 +64,16 @@ pub(crate) fn prime_rl(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
     let mut cfg = registry.resolve(name).map_err(|e| c.algo(e))?.config;
     cfg.clip_ratio_low = p("dppo_mask_low").unwrap_or(0.2);
     cfg.clip_ratio_high = p("dppo_mask_high").unwrap_or(0.2);
-    cfg.ipo_threshold = p("ipo_threshold").unwrap_or(0.1);
-    cfg.adv_tau = p("adv_tau").unwrap_or(1.0);
-    cfg.kl_tau = p("kl_tau").unwrap_or(1e-3);
+    let mut settings = serde_json::json!({
+        "adv_tau": p("adv_tau").unwrap_or(1.0),
+        "kl_tau": p("kl_tau").unwrap_or(1e-3),
+    });
+    if name == "prime_rl_ipo" {
+        settings["ipo_threshold"] = p("ipo_threshold").unwrap_or(0.1).into();
+    }
+    let loss = registry
+        .build(name, Some(&settings))
+        .map_err(|e| c.algo(e))?;
     let log_prob = c.tensor::<2>("log_prob")?.require_grad();
     let (mask, mask_v) = c.mask()?;
     let global = GlobalBatchInfo {
@@ -79,9 +87,7 @@ pub(crate) fn prime_rl(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
         mask,
     )
     .with_global(global);
-    let out = registry
-        .compute(name, &input, &cfg)
-        .map_err(|e| c.algo(e))?;
+    let out = loss.compute(&input, &cfg).map_err(|e| c.algo(e))?;
     let extras = out.metrics.read_extras().map_err(|e| c.algo(e))?;
     c.loss_and_grad(cmp, out.loss, &log_prob, "log_prob", Some(&mask_v))?;
     cmp.sample_metrics(c.get(&["outputs", "sample_metrics"]), &extras);

@@ -48,7 +48,8 @@ pub(crate) fn policy_loss(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
     if let Some(b) = bounds {
         cfg.ctpo = b;
     }
-    let (m, metrics) = run_loss(c, cmp, name, &cfg)?;
+    let loss = registry.get(name).map_err(|e| c.algo(e))?;
+    let (m, metrics) = run_loss(c, cmp, loss.as_ref(), &cfg)?;
     let ratios = metrics.valid_ratios().map_err(|e| c.algo(e))?;
     let mask_v = c.host(&metrics.mask)?;
 

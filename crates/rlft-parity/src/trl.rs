@@ -43,14 +43,17 @@ pub(crate) fn policy_loss(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
     cfg.kl_bias_correction = trl("use_bias_correction_kl")
         .and_then(Value::as_bool)
         .unwrap_or(true);
-    cfg.vespo_pos = (
-        num("vespo_k_pos").unwrap_or(2.0),
-        num("vespo_lambda_pos").unwrap_or(3.0),
-    );
-    cfg.vespo_neg = (
-        num("vespo_k_neg").unwrap_or(3.0),
-        num("vespo_lambda_neg").unwrap_or(2.0),
-    );
+    let vespo = serde_json::json!({
+        "pos": [num("vespo_k_pos").unwrap_or(2.0), num("vespo_lambda_pos").unwrap_or(3.0)],
+        "neg": [num("vespo_k_neg").unwrap_or(3.0), num("vespo_lambda_neg").unwrap_or(2.0)],
+    });
+    let settings = registry
+        .section_of(name)
+        .map_err(|e| c.algo(e))?
+        .map(|_| vespo);
+    let loss = registry
+        .build(name, settings.as_ref())
+        .map_err(|e| c.algo(e))?;
 
     let log_prob = c.tensor::<2>("log_prob")?.require_grad();
     let [b, t] = log_prob.dims();
@@ -87,9 +90,7 @@ pub(crate) fn policy_loss(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
         input = input.with_loss_mask(keep.clone());
         masks.push(("entropy_mask", keep));
     }
-    let out = registry
-        .compute(name, &input, &cfg)
-        .map_err(|e| c.algo(e))?;
+    let out = loss.compute(&input, &cfg).map_err(|e| c.algo(e))?;
     let m = out.metrics.read().map_err(|e| c.algo(e))?;
     let extras = out.metrics.read_extras().map_err(|e| c.algo(e))?;
     c.loss_and_grad(cmp, out.loss, &log_prob, "log_prob", Some(&mask_v))?;

@@ -11,7 +11,7 @@ use rlft_algo::entropy::entropy_from_logits;
 use rlft_algo::kl::{KlEstimator, kl_penalty};
 use rlft_algo::logprob::logprobs_from_logits;
 use rlft_algo::loss::{
-    LossRegistry, MetricValues, PolicyLossConfig, PolicyLossInput, PolicyLossMetrics,
+    LossRegistry, MetricValues, PolicyLoss, PolicyLossConfig, PolicyLossInput, PolicyLossMetrics,
 };
 use rlft_algo::value::clipped_value_loss;
 use serde_json::Value;
@@ -65,40 +65,43 @@ pub(crate) fn policy_loss(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
     );
     cfg.aggregation = c.agg(&["config", "loss_agg_mode"])?;
     cfg.kl_coef = 0.0;
+    // The loss's own settings, under the names of its recipe section.
     let actor = |k: &str| c.opt_num(&["config", "actor", k]);
-    if let Some(t) = actor("tau_pos") {
-        cfg.sapo_tau_pos = t;
-    }
-    if let Some(t) = actor("tau_neg") {
-        cfg.sapo_tau_neg = t;
-    }
     let policy = |k: &str| c.opt_num(&["config", "policy_loss", k]);
-    if let Some(b) = policy("dro_beta") {
-        cfg.dro_beta = b;
-    }
-    for (key, field) in [
-        ("clip_cov_ratio", &mut cfg.clip_cov_ratio),
-        ("clip_cov_lb", &mut cfg.clip_cov_lb),
-        ("clip_cov_ub", &mut cfg.clip_cov_ub),
-        ("kl_cov_ratio", &mut cfg.kl_cov_ratio),
-        ("ppo_kl_coef", &mut cfg.ppo_kl_coef),
-    ] {
-        if let Some(v) = policy(key) {
-            *field = v;
-        }
-    }
-    let (m, _) = run_loss(c, cmp, name, &cfg)?;
+    let keys: &[(&str, Option<f64>)] = match name {
+        "sapo" => &[("tau_pos", actor("tau_pos")), ("tau_neg", actor("tau_neg"))],
+        "dro" => &[("beta", policy("dro_beta"))],
+        "clip_cov" => &[
+            ("ratio", policy("clip_cov_ratio")),
+            ("lb", policy("clip_cov_lb")),
+            ("ub", policy("clip_cov_ub")),
+        ],
+        "kl_cov" => &[
+            ("ratio", policy("kl_cov_ratio")),
+            ("ppo_kl_coef", policy("ppo_kl_coef")),
+        ],
+        _ => &[],
+    };
+    let settings: serde_json::Map<String, Value> = keys
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| (k.to_string(), v.into())))
+        .collect();
+    let settings = (!keys.is_empty()).then_some(Value::Object(settings));
+    let loss = registry
+        .build(name, settings.as_ref())
+        .map_err(|e| c.algo(e))?;
+    let (m, _) = run_loss(c, cmp, loss.as_ref(), &cfg)?;
     cmp.metrics(c.metrics(), &actor_metrics(mode, &m));
     Ok(())
 }
 
-/// Runs the registered loss `name` with `cfg` on the case's `log_prob`, `old_log_prob`,
+/// Runs `loss` with `cfg` on the case's `log_prob`, `old_log_prob`,
 /// `advantages`, `response_mask`, global batch info and optional `rollout_is_weights`; compares
 /// the loss and its gradient; returns the metrics (read and as tensors).
 pub(crate) fn run_loss(
     c: &Case<'_>,
     cmp: &mut Compare,
-    name: &str,
+    loss: &dyn PolicyLoss,
     cfg: &PolicyLossConfig,
 ) -> Result<(MetricValues, PolicyLossMetrics)> {
     let log_prob = c.tensor::<2>("log_prob")?.require_grad();
@@ -113,9 +116,7 @@ pub(crate) fn run_loss(
     if let Some(w) = c.opt_tensor("rollout_is_weights")? {
         input = input.with_rollout_is_weights(w);
     }
-    let out = LossRegistry::with_builtins()
-        .compute(name, &input, cfg)
-        .map_err(|e| c.algo(e))?;
+    let out = loss.compute(&input, cfg).map_err(|e| c.algo(e))?;
     let m = out.metrics.read().map_err(|e| c.algo(e))?;
     c.loss_and_grad(cmp, out.loss, &log_prob, "log_prob", Some(&mask_v))?;
     Ok((m, out.metrics))

@@ -9,16 +9,18 @@ use crate::recipe::{KlPlacement, Recipe};
 use crate::{Result, TrainError};
 use rlft_algo::advantage::AdvantageEstimator;
 use rlft_algo::kl::AdaptiveKlController;
-use rlft_algo::loss::{LossRegistry, PolicyLossConfig};
+use rlft_algo::loss::{LossRegistry, PolicyLoss, PolicyLossConfig};
 use rlft_algo::ratio::RatioLevel;
 use std::sync::Arc;
 
 /// The loss, its settings and the advantage estimator a recipe selects.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ResolvedAlgorithm {
     /// Registry name.
     pub loss: String,
-    /// Loss settings (preset, then recipe overrides).
+    /// The loss, built from its own settings (`[algorithm.<section>]`, else its defaults).
+    pub policy: Arc<dyn PolicyLoss>,
+    /// The settings every loss shares (preset, then recipe overrides).
     pub config: PolicyLossConfig,
     /// Advantage estimator.
     pub advantage: AdvantageEstimator,
@@ -26,6 +28,18 @@ pub struct ResolvedAlgorithm {
     pub offpolicy: OffPolicy,
     /// The adaptive KL controller (`kl_target`, `kl_horizon`), starting at `kl_coef`.
     pub kl_control: Option<AdaptiveKlController>,
+}
+
+impl std::fmt::Debug for ResolvedAlgorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResolvedAlgorithm")
+            .field("loss", &self.loss)
+            .field("config", &self.config)
+            .field("advantage", &self.advantage)
+            .field("offpolicy", &self.offpolicy)
+            .field("kl_control", &self.kl_control)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Recipe {
@@ -72,9 +86,7 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
     }
     c.kl_estimator = a.kl_estimator;
     c.kl_bias_correction = a.kl_bias_correction;
-    let losses = (&a.vespo, &a.topr, &a.prime_rl);
-    crate::recipe::losses::apply(losses, (&preset.loss, &a.loss), &mut c)
-        .map_err(|(key, e)| TrainError::Recipe(format!("{key}: {e}")))?;
+    let policy = crate::recipe::losses::build_policy(a, registry)?;
 
     c.kl_coef = if a.kl_placement == KlPlacement::Loss {
         a.kl_coef
@@ -143,6 +155,7 @@ pub fn resolve_algorithm(recipe: &Recipe, registry: &LossRegistry) -> Result<Res
     };
     Ok(ResolvedAlgorithm {
         loss: a.loss.clone(),
+        policy,
         config: c,
         advantage,
         offpolicy,

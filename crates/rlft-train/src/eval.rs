@@ -46,11 +46,24 @@ impl Trainer {
         Ok(out)
     }
 
-    /// The eval metrics at `step`: `eval/accuracy` (greedy), `eval/<data_source>/accuracy`
-    /// when the problems name sources, `eval/pass@<k>` (a problem counts when any of its `k`
-    /// samples is correct), `eval/mean@<k>` and its older name `eval/mean_at_k`. None without
-    /// eval problems (own `data.train` and no `data.eval`).
-    pub(crate) fn evaluate(&self, step: usize) -> Result<StepMetrics> {
+    /// Held-out evaluation of the policy as it stands, at the current RL step: what
+    /// [`Trainer::run`](crate::Trainer::run) logs every `eval.every` steps: `eval/accuracy`
+    /// (greedy), `eval/<data_source>/accuracy`, `eval/pass@<k>` and `eval/mean@<k>`; empty
+    /// without eval problems. For trainers that drive
+    /// [`Trainer::train_step`](crate::Trainer::train_step) themselves.
+    ///
+    /// # Errors
+    /// A failed generation or reward.
+    pub fn evaluate(&self) -> Result<StepMetrics> {
+        self.evaluate_at(self.state.step)
+    }
+
+    /// The eval metrics at `step` (the sampled evaluation's seeds are a function of it):
+    /// `eval/accuracy` (greedy), `eval/<data_source>/accuracy` when the problems name sources,
+    /// `eval/pass@<k>` (a problem counts when any of its `k` samples is correct), and
+    /// `eval/mean@<k>` (the mean accuracy of the samples). None without eval problems (own
+    /// `data.train` and no `data.eval`).
+    pub(crate) fn evaluate_at(&self, step: usize) -> Result<StepMetrics> {
         let mut m = StepMetrics::new();
         if self.eval_set.is_empty() {
             return Ok(m);
@@ -85,7 +98,6 @@ impl Trainer {
         m.insert(format!("eval/pass@{k}"), json!(mean(&pass)));
         let mean_k = mean(&all);
         m.insert(format!("eval/mean@{k}"), json!(mean_k));
-        m.insert("eval/mean_at_k".into(), json!(mean_k));
         Ok(m)
     }
 }

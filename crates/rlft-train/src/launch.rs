@@ -7,7 +7,8 @@
 //! [`crate::recipe::RESUMABLE_KEYS`].
 
 use crate::checkpoint;
-use crate::{Recipe, Result, RunSummary, TrainError, Trainer};
+use crate::{Extensions, Recipe, Result, RunSummary, TrainError, Trainer};
+use rlft_algo::loss::LossRegistry;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +26,8 @@ pub struct TrainCommand {
     pub overrides: Vec<String>,
     /// `--resume DIR`: a run folder or one of its checkpoints.
     pub resume: Option<PathBuf>,
+    /// The losses the recipe may name and set (the built-ins, and a downstream trainer's own).
+    pub registry: LossRegistry,
 }
 
 impl TrainCommand {
@@ -34,10 +37,10 @@ impl TrainCommand {
     /// No recipe file and nothing to resume, or a bad recipe, override or run folder.
     pub fn recipe(&self) -> Result<Recipe> {
         match (&self.recipe, &self.resume) {
-            (Some(path), _) => Recipe::load(path, &self.overrides),
+            (Some(path), _) => Recipe::load_with(path, &self.overrides, &self.registry),
             (None, Some(dir)) => {
                 let stored = checkpoint::resume_from(dir)?.stored_recipe()?;
-                Recipe::from_toml_str(&stored, &self.overrides)
+                Recipe::from_toml_str_with(&stored, &self.overrides, &self.registry)
             }
             (None, None) => Err(TrainError::Usage(format!(
                 "no recipe given (a TOML file, e.g. recipes/quickstart.toml)\n{USAGE}"
@@ -55,7 +58,11 @@ impl TrainCommand {
         recipe: Recipe,
         stop: Option<Arc<AtomicBool>>,
     ) -> Result<(RunSummary, PathBuf)> {
-        let mut trainer = Trainer::new(recipe, self.resume.as_deref())?;
+        let ext = Extensions {
+            registry: self.registry.clone(),
+            ..Extensions::default()
+        };
+        let mut trainer = Trainer::with_extensions(recipe, self.resume.as_deref(), ext)?;
         let out = trainer.output_dir().to_path_buf();
         Ok((trainer.run(stop)?, out))
     }

@@ -354,7 +354,8 @@ impl Trainer {
                     let mut input = PolicyLossInput::new(lp, old, adv, mask.clone())
                         .with_entropy(ent)
                         .with_global(global)
-                        .with_scores(scores);
+                        .with_scores(scores)
+                        .with_seed(self.learner.loss_seed);
                     for k in keep.into_iter().chain(entropy_keep) {
                         input = input.with_loss_mask(k);
                     }
@@ -364,11 +365,11 @@ impl Trainer {
                     if let Some(r) = ref_lp {
                         input = input.with_ref_log_prob(r);
                     }
-                    let out = self.learner.registry.compute(
-                        &self.learner.algo.loss,
-                        &input,
-                        &self.learner.algo.config,
-                    )?;
+                    let out = self
+                        .learner
+                        .algo
+                        .policy
+                        .compute(&input, &self.learner.algo.config)?;
                     let mv = out.metrics.read()?;
                     Ok(LossOut {
                         loss: out.loss,

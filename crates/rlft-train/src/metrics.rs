@@ -142,11 +142,16 @@ impl MetricsLog {
     }
 }
 
-/// The main metrics of a run, `(key, first, last, max)`, for those it has.
-pub fn summary_rows(history: &[StepMetrics]) -> Vec<(&'static str, f64, f64, f64)> {
-    const KEYS: [&str; 11] = [
+/// The main metrics of a run, `(key, first, last, max)`, for those it has (`eval/mean@<k>` for
+/// the run's `eval.k`).
+pub fn summary_rows(history: &[StepMetrics]) -> Vec<(String, f64, f64, f64)> {
+    let mean_at_k = history
+        .iter()
+        .flat_map(|m| m.keys())
+        .find(|k| k.starts_with("eval/mean@"))
+        .cloned();
+    const KEYS: [&str; 10] = [
         "eval/accuracy",
-        "eval/mean_at_k",
         "reward/mean",
         "accuracy",
         "kl",
@@ -157,13 +162,17 @@ pub fn summary_rows(history: &[StepMetrics]) -> Vec<(&'static str, f64, f64, f64
         "offpolicy/kl",
         "tokens_per_s",
     ];
-    KEYS.into_iter()
-        .filter_map(|k| {
-            let vals: Vec<f64> = history.iter().filter_map(|m| m.get(k)?.as_f64()).collect();
-            let max = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            Some((k, *vals.first()?, *vals.last()?, max))
-        })
-        .collect()
+    let keys = KEYS[..1]
+        .iter()
+        .map(|k| k.to_string())
+        .chain(mean_at_k)
+        .chain(KEYS[1..].iter().map(|k| k.to_string()));
+    keys.filter_map(|k| {
+        let vals: Vec<f64> = history.iter().filter_map(|m| m.get(&k)?.as_f64()).collect();
+        let max = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Some((k, *vals.first()?, *vals.last()?, max))
+    })
+    .collect()
 }
 
 /// Reads a metrics file into `(step, metrics)` pairs.

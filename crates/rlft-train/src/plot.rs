@@ -1,6 +1,7 @@
 //! Pictures of a run (plotters): one curve per numeric metric of `metrics.jsonl`, and the
-//! lecture's figures from the run's own data ([`plot_run`]): the cumulative-ratio fan by token
-//! position, the staleness histogram, the off-policy curves and the timeline of `events.jsonl`.
+//! stale-samples lecture's figures (docs/stale-samples.md, "The lecture") from the run's own
+//! data ([`plot_run`]): the cumulative-ratio fan by token position, the staleness histogram, the
+//! off-policy curves and the timeline of `events.jsonl`.
 
 mod clip;
 mod figures;

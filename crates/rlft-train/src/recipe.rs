@@ -30,7 +30,6 @@ pub use data::{
 pub use dtype::ModelDtype;
 pub use keys::RESUMABLE_KEYS;
 pub use load::ENV_PREFIX;
-pub use losses::{PrimeRlSection, ToprSection, VespoSection};
 pub use resume::check_stored_copy;
 pub use rollout::{DEFAULT_SERVER_TIMEOUT_S, RolloutSection};
 pub use servers::{MAX_LOCAL_SERVERS, Servers};
@@ -250,9 +249,10 @@ impl ArithmeticOp {
     }
 }
 
-/// The RL algorithm.
+/// The RL algorithm. (Unknown keys are refused when the recipe loads; the loss tables are a
+/// flattened map, which serde's `deny_unknown_fields` does not combine with.)
 #[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct AlgorithmSection {
     /// Loss or preset from the registry (`grpo`, `dr_grpo`, `dapo`, `gspo`, `cispo`, `ctpo`,
     /// `ppo`, ...).
@@ -342,12 +342,13 @@ pub struct AlgorithmSection {
     /// TRL's top-entropy masking: only tokens whose entropy is at least the `1 − ρ` quantile of
     /// the micro-batch's get policy loss (1 keeps all; unset: off).
     pub top_entropy_quantile: Option<f64>,
-    /// `[algorithm.vespo]`: TRL's VESPO weights.
-    pub vespo: VespoSection,
-    /// `[algorithm.topr]`: ROLL's TOPR weights.
-    pub topr: ToprSection,
-    /// `[algorithm.prime_rl]`: prime-rl's loss settings.
-    pub prime_rl: PrimeRlSection,
+    /// The settings tables of losses, `[algorithm.<section>]` (`[algorithm.vespo]`,
+    /// `[algorithm.prime_rl]`, a downstream loss's own), by section. Each is read and checked
+    /// through the loss registry ([`crate::recipe::Recipe::load_with`]); only the run's loss's
+    /// table may be set.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub settings: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl Default for AlgorithmSection {
@@ -386,9 +387,7 @@ impl Default for AlgorithmSection {
             correction: CorrectionSection::default(),
             kl_bias_correction: false,
             top_entropy_quantile: None,
-            vespo: VespoSection::default(),
-            topr: ToprSection::default(),
-            prime_rl: PrimeRlSection::default(),
+            settings: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -571,9 +570,10 @@ impl Default for CheckpointSection {
 pub struct EvalSection {
     /// Evaluate every N RL steps (0: only at step 0 and the end).
     pub every: usize,
-    /// Held-out problems.
+    /// Held-out problems drawn from the task's test split; with `data.eval` every problem of
+    /// that file is evaluated and this is not read.
     pub size: usize,
-    /// Samples per problem for `eval/mean_at_k` (temperature sampling).
+    /// Samples per problem for `eval/pass@<k>` and `eval/mean@<k>` (temperature sampling).
     pub k: usize,
 }
 

@@ -138,7 +138,15 @@ impl Trainer {
         Ok(())
     }
 
-    fn save_checkpoint(&mut self) -> Result<PathBuf> {
+    /// Writes a checkpoint of the run as it stands (policy, optimizer, critic, lagged-mode
+    /// snapshots, the data cursor and the trainer state) into `output_dir`, keeping the newest
+    /// `checkpoint.keep`; returns its folder. [`Trainer::run`] calls it every `checkpoint.every`
+    /// steps; a trainer that drives [`Trainer::train_step`] itself calls it when it likes, and
+    /// `--resume` continues from it.
+    ///
+    /// # Errors
+    /// A file that cannot be written (nothing of the checkpoint is then adopted).
+    pub fn save_checkpoint(&mut self) -> Result<PathBuf> {
         (self.state.pipeline, self.state.cursor) = self.feed.checkpoint_state();
         self.state.snapshots = self
             .feed
@@ -187,6 +195,21 @@ impl Trainer {
                 Ok(())
             },
         )
+    }
+
+    /// Stops what runs beside the learner: the async rollout workers (their admitted samples
+    /// and data cursor are kept, so a checkpoint after it, or a further step, loses nothing) and
+    /// the `"local:N"` rollout servers. A further [`Trainer::train_step`] starts them again.
+    /// [`Trainer::run`] calls it at the end; dropping the trainer does the same.
+    ///
+    /// # Errors
+    /// A rollout worker that failed.
+    pub fn shutdown(&mut self) -> Result<()> {
+        self.stop_workers()?;
+        if let Some(fleet) = &self.side.fleet {
+            fleet.stop_local();
+        }
+        Ok(())
     }
 
     /// Supervised warm-up on `data.sft`'s demonstrations or the task's reference completions
@@ -347,7 +370,7 @@ impl Trainer {
         if self.state.step == 0 && log.history.is_empty() {
             let mut m = StepMetrics::new();
             m.insert("step".into(), json!(0));
-            m.extend(self.evaluate(0)?);
+            m.extend(self.evaluate_at(0)?);
             log.write(m)?;
             // The warm-up's end is a checkpoint (its line 0 written first, so that a resume
             // from it keeps that line).
@@ -369,7 +392,7 @@ impl Trainer {
             crate::fault::point(|| format!("update:{step}"));
             let eval_every = self.recipe.eval.every;
             if step == steps || (eval_every > 0 && step.is_multiple_of(eval_every)) {
-                m.extend(self.evaluate(step)?);
+                m.extend(self.evaluate_at(step)?);
             }
             bar.set_message(format!(
                 "reward {:.3} kl {:.4} {:.0} tok/s",
@@ -385,8 +408,9 @@ impl Trainer {
                 bar.abandon();
                 return Err(TrainError::Diverged(format!(
                     "{} steps in a row had NaN/Inf loss or gradients (weights left untouched); \
-                     checkpoint {}; start a new run with a lower optimizer.lr or a higher \
-                     optimizer.grad_clip (a resumed run keeps its optimizer settings)",
+                     checkpoint {}; start a new run with a lower optimizer.lr, or a lower \
+                     optimizer.grad_clip (a tighter bound on the gradient norm; 0 turns clipping \
+                     off) (a resumed run keeps its optimizer settings)",
                     self.state.bad_in_row,
                     dir.display()
                 )));
@@ -400,7 +424,7 @@ impl Trainer {
             }
         }
         bar.finish_and_clear();
-        self.stop_workers()?;
+        self.shutdown()?;
         self.timeline.flush()?;
         let exported = if self.recipe.checkpoint.export_final && !interrupted {
             let dir = out.join("final");

@@ -2,14 +2,14 @@
 //!
 //! A step takes its batch from the feed (`feed.rs`: collected inline by
 //! [`crate::rollout_side::collect`] in sync and lagged modes, or by the rollout workers of
-//! [`crate::rollout_side::workers`] in async mode, under [`crate::rollout_side::admission`]'s staleness bound), shapes the
-//! rewards (DAPO overlong penalty and filter), prepares the rows on the learner
-//! (`prepare.rs`: π_old where the correction mode needs it, reference log-probs, values,
-//! advantages, the decoupled correction against μ), runs `ppo_epochs` × `mini_batches`
-//! optimiser steps (`learn.rs`), publishes the new weights to the rollout workers and
-//! reports its metrics. [`crate::run`] adds the warm-up, evaluation (`eval.rs`) and
-//! checkpoints. Every random choice is a function of `(seed, step)`, so a resumed run repeats
-//! an uninterrupted one exactly (in async mode, with η = 0).
+//! [`crate::rollout_side::workers`] in async mode, under [`crate::rollout_side::admission`]'s
+//! staleness bound), shapes the rewards (DAPO overlong penalty and filter), prepares the rows on
+//! the learner (`prepare.rs`: π_old where the correction mode needs it, reference log-probs,
+//! values, advantages, the decoupled correction against μ), runs `ppo_epochs` × `mini_batches`
+//! optimiser steps (`learn.rs`), publishes the new weights to the rollout workers and reports its
+//! metrics. [`crate::run`] adds the warm-up, evaluation (`eval.rs`) and checkpoints. Every random
+//! choice is a function of `(seed, step)`, so a resumed run repeats an uninterrupted one exactly
+//! (in async mode, with η = 0).
 
 use crate::algorithm::{Extensions, ResolvedAlgorithm, resolve_algorithm};
 use crate::checkpoint::{self, TrainerState};
@@ -29,7 +29,6 @@ use crate::sources::Sources;
 use crate::{Result, TrainError, io_err};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
-use rlft_algo::loss::LossRegistry;
 use rlft_algo::seed::spread;
 use rlft_model::{Tokenizer, Transformer};
 use rlft_rollout::{DataCursor, Dataset, Example, Task};
@@ -59,8 +58,8 @@ pub(crate) struct Learner {
     pub(crate) rank_pools: Option<crate::distributed::RankPools>,
     /// `[algorithm]`, resolved against `registry`.
     pub(crate) algo: ResolvedAlgorithm,
-    /// The losses the run may name (built-ins and the trainer's own).
-    pub(crate) registry: LossRegistry,
+    /// Seed of the loss's host RNG this step (Clip-Cov's draws).
+    pub(crate) loss_seed: u64,
     /// The policy's AdamW.
     pub(crate) optim: ModuleOptimizer,
     /// The critic's AdamW.
@@ -278,7 +277,7 @@ impl Trainer {
                 pool: learner_pool,
                 rank_pools,
                 algo,
-                registry: ext.registry,
+                loss_seed: recipe.seed,
                 optim: adamw(&recipe.optimizer),
                 critic_optim: recipe.model.critic.then(|| adamw(&recipe.optimizer)),
                 sft_optim: None,
@@ -349,7 +348,7 @@ impl Trainer {
         }
     }
 
-    /// The lecture's pipeline: collect → score → learn → publish.
+    /// The stale-samples lecture's pipeline: collect → score → learn → publish.
     fn step_here(&mut self, step: usize) -> Result<StepReport> {
         let t0 = Instant::now();
         let interval_start = self.last_step_end.unwrap_or(0.0);
@@ -410,7 +409,7 @@ impl Trainer {
         if self.recipe.algorithm.kl_placement == KlPlacement::Loss {
             self.learner.algo.config.kl_coef = beta;
         }
-        self.learner.algo.config.clip_cov_seed = self.recipe.seed ^ spread(step as u64);
+        self.learner.loss_seed = self.recipe.seed ^ spread(step as u64);
         beta
     }
 

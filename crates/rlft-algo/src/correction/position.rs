@@ -1,6 +1,6 @@
 //! Position-resolved ratio diagnostics: quantiles of the token log-ratio and of the cumulative
-//! log-ratio against μ by response position — the lecture's Fig. 1, where the cumulative ratio
-//! stays near 1 early in a response and fans out later.
+//! log-ratio against μ by response position — Fig. 1 of the stale-samples lecture, where the
+//! cumulative ratio stays near 1 early in a response and fans out later.
 
 use crate::diagnostics::quantile_sorted;
 use std::collections::BTreeMap;

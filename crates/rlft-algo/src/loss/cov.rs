@@ -3,13 +3,94 @@
 //! so they are batch-coupled: a micro-batch selects among its own tokens only, and the loss is
 //! not invariant to how a batch is split (unlike every other built-in loss).
 
-use super::{LossContext, LossTerms, PolicyLoss};
+use super::{LossContext, LossSettings, LossTerms, PolicyLoss, SettingError};
 use crate::Result;
 use crate::masked::{COUNT_EPS, from_host, to_host, zero_padding};
 use burn::tensor::{Bool, Tensor};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+
+/// The fraction of the valid tokens a covariance loss selects (at least one).
+fn check_fraction(key: &str, v: f64) -> std::result::Result<(), SettingError> {
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err(SettingError::new(
+            key,
+            format!(
+                "must be in (0, 1] (the fraction of tokens selected; verl's default 0.0002), got {v}"
+            ),
+        ))
+    }
+}
+
+/// `[algorithm.clip_cov]`: which tokens Clip-Cov detaches.
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClipCovSettings {
+    /// Fraction of the valid tokens whose gradient is detached (at least one; verl's 0.0002).
+    pub ratio: f64,
+    /// Candidates have a covariance above this (verl's 1.0).
+    pub lb: f64,
+    /// Candidates have a covariance below this (verl's 5.0).
+    pub ub: f64,
+}
+
+impl Default for ClipCovSettings {
+    fn default() -> Self {
+        Self {
+            ratio: 0.0002,
+            lb: 1.0,
+            ub: 5.0,
+        }
+    }
+}
+
+impl LossSettings for ClipCovSettings {
+    const SECTION: &'static str = "clip_cov";
+    fn check(&self) -> std::result::Result<(), SettingError> {
+        check_fraction("ratio", self.ratio)?;
+        if self.lb.partial_cmp(&self.ub) != Some(std::cmp::Ordering::Less) {
+            return Err(SettingError::new(
+                "ub",
+                format!(
+                    "must be above lb (defaults 1.0 and 5.0), got lb = {}, ub = {}",
+                    self.lb, self.ub
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[algorithm.kl_cov]`: which tokens KL-Cov penalises, and how much.
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KlCovSettings {
+    /// Fraction of the valid tokens that get the |log ρ| penalty (at least one; verl's 0.0002).
+    pub ratio: f64,
+    /// Coefficient of the |log ρ| penalty (verl's `ppo_kl_coef`, 0.1).
+    pub ppo_kl_coef: f64,
+}
+
+impl Default for KlCovSettings {
+    fn default() -> Self {
+        Self {
+            ratio: 0.0002,
+            ppo_kl_coef: 0.1,
+        }
+    }
+}
+
+impl LossSettings for KlCovSettings {
+    const SECTION: &'static str = "kl_cov";
+    fn check(&self) -> std::result::Result<(), SettingError> {
+        check_fraction("ratio", self.ratio)?;
+        SettingError::at_least("ppo_kl_coef", self.ppo_kl_coef, 0.0, true)
+    }
+}
 
 /// Host copies of the per-token quantities the selection reads.
 struct Tokens {
@@ -49,10 +130,14 @@ impl Tokens {
 
 /// Clip-Cov: PPO's clipped surrogate (no dual clip, no ±20 clamp), with the gradient detached on a
 /// random subset of tokens whose covariance `(A − mean A)·(log πθ − mean log πθ)` lies in
-/// `(clip_cov_lb, clip_cov_ub)` and that PPO did not clip already: `max(1, ⌊ratio·n⌋)` of them,
-/// drawn by a host RNG seeded with `clip_cov_seed` (vary it per step for fresh draws).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ClipCov;
+/// `(lb, ub)` and that PPO did not clip already: `max(1, ⌊ratio·n⌋)` of them, drawn by a host
+/// RNG seeded with the input's [`seed`](super::PolicyLossInput::seed) (vary it per step for fresh
+/// draws).
+#[derive(Debug, Clone, Default)]
+pub struct ClipCov {
+    /// The settings.
+    pub settings: ClipCovSettings,
+}
 
 impl PolicyLoss for ClipCov {
     fn batch_coupled(&self) -> bool {
@@ -60,7 +145,7 @@ impl PolicyLoss for ClipCov {
     }
 
     fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms> {
-        let cfg = ctx.config;
+        let (cfg, s) = (ctx.config, &self.settings);
         let mask = &ctx.input.response_mask;
         let adv = ctx.input.advantages.clone();
         let ratio = ctx.token_log_ratio().exp();
@@ -85,14 +170,11 @@ impl PolicyLoss for ClipCov {
         let mut candidates: Vec<usize> = (0..tok.valid.len())
             .filter(|&k| {
                 let cov = (tok.adv[k] - adv_mean) * (tok.log_prob[k] - lp_mean);
-                tok.valid[k]
-                    && clip_by_origin[k] < 0.5
-                    && cov > cfg.clip_cov_lb
-                    && cov < cfg.clip_cov_ub
+                tok.valid[k] && clip_by_origin[k] < 0.5 && cov > s.lb && cov < s.ub
             })
             .collect();
-        let take = tok.quota(cfg.clip_cov_ratio).min(candidates.len());
-        let mut rng = StdRng::seed_from_u64(cfg.clip_cov_seed);
+        let take = tok.quota(s.ratio).min(candidates.len());
+        let mut rng = StdRng::seed_from_u64(ctx.input.seed);
         let (picked, _) = candidates.partial_shuffle(&mut rng, take);
         let selected = tok.selection(picked, mask);
         let loss = unclipped.max_pair(clipped).mask_fill(selected.clone(), 0.0);
@@ -106,10 +188,13 @@ impl PolicyLoss for ClipCov {
 }
 
 /// KL-Cov: the unclipped `−A·ρ` (no ±20 clamp), plus `ppo_kl_coef·|log ρ|` on the
-/// `max(1, ⌊kl_cov_ratio·n⌋)` tokens with the largest covariance
+/// `max(1, ⌊ratio·n⌋)` tokens with the largest covariance
 /// `(A − mean A)·(log πθ − mean log πθ)` (plain means over valid tokens; first index on ties).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct KlCov;
+#[derive(Debug, Clone, Default)]
+pub struct KlCov {
+    /// The settings.
+    pub settings: KlCovSettings,
+}
 
 impl PolicyLoss for KlCov {
     fn batch_coupled(&self) -> bool {
@@ -117,7 +202,7 @@ impl PolicyLoss for KlCov {
     }
 
     fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms> {
-        let cfg = ctx.config;
+        let s = &self.settings;
         let d = ctx.token_log_ratio();
         let ratio = d.clone().exp();
         let base = ctx.input.advantages.clone().neg() * ratio.clone();
@@ -132,11 +217,11 @@ impl PolicyLoss for KlCov {
             let cov = |k: usize| (tok.adv[k] - adv_mean) * (tok.log_prob[k] - lp_mean);
             let mut order = valid.clone();
             order.sort_by(|&a, &b| cov(b).total_cmp(&cov(a)));
-            order.truncate(tok.quota(cfg.kl_cov_ratio));
+            order.truncate(tok.quota(s.ratio));
             order
         };
         let selected = tok.selection(&picked, &ctx.input.response_mask);
-        let penalty = zero_padding(d.abs(), &ctx.input.response_mask) * cfg.ppo_kl_coef;
+        let penalty = zero_padding(d.abs(), &ctx.input.response_mask) * s.ppo_kl_coef;
         let penalty = penalty.mask_fill(selected.bool_not(), 0.0);
         let mut terms = LossTerms::per_token(base + penalty);
         terms.ratio = Some(ratio);

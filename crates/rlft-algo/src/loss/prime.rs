@@ -1,10 +1,11 @@
 //! prime-rl's losses: a policy gradient through the ratio itself, with tokens masked out when
 //! their probability moved too far from the inference policy, plus a squared log-ratio penalty.
 
-use super::{LossContext, LossTerms, PolicyLoss};
+use super::{LossContext, LossSettings, LossTerms, PolicyLoss, SettingError};
 use crate::Result;
 use crate::masked::{valid, zero_padding};
 use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
 
 /// How prime-rl decides that a token's probability moved too far (`d = πθ − π_old`, the
 /// probabilities of the sampled token).
@@ -18,6 +19,44 @@ pub enum PrimeMask {
     Ipo,
 }
 
+/// `[algorithm.prime_rl]`: the settings of prime-rl's losses (`prime_rl` and `prime_rl_ipo`).
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrimeRlSettings {
+    /// Scale of the advantage term (`adv_tau`, default 1).
+    pub adv_tau: f64,
+    /// Coefficient of the squared log-ratio penalty (`kl_tau`, default 1e-3).
+    pub kl_tau: f64,
+    /// `prime_rl_ipo` only: tokens whose probability moved by more than this are masked (unset:
+    /// 0.1).
+    pub ipo_threshold: Option<f64>,
+}
+
+impl Default for PrimeRlSettings {
+    fn default() -> Self {
+        Self {
+            adv_tau: 1.0,
+            kl_tau: 1e-3,
+            ipo_threshold: None,
+        }
+    }
+}
+
+impl LossSettings for PrimeRlSettings {
+    const SECTION: &'static str = "prime_rl";
+    fn check(&self) -> std::result::Result<(), SettingError> {
+        SettingError::at_least("adv_tau", self.adv_tau, 0.0, false)?;
+        SettingError::at_least("kl_tau", self.kl_tau, 0.0, false)?;
+        if let Some(t) = self.ipo_threshold {
+            SettingError::at_least("ipo_threshold", t, 0.0, false)?;
+        }
+        Ok(())
+    }
+}
+
+/// prime-rl's default IPO threshold.
+const IPO_THRESHOLD: f64 = 0.1;
+
 /// `L = −keep·adv_tau·A·ρ + kl_tau·m·(log ρ)²` with `log ρ = log πθ − log π_old` unclamped,
 /// `ρ` not detached and not clipped, `keep = m ∧ ¬masked`. With `token-mean` aggregation and
 /// `batch_num_tokens` as prime-rl's `rl_scale` this is `compute_loss`.
@@ -28,10 +67,31 @@ pub enum PrimeMask {
 ///
 /// # Shapes
 /// - every input `[batch, T]`; the extras `[batch, 1]`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PrimeRl {
     /// The trust-region mask.
     pub mask: PrimeMask,
+    /// The settings.
+    pub settings: PrimeRlSettings,
+}
+
+impl PrimeRl {
+    /// The loss with `mask`, from `settings`.
+    ///
+    /// # Errors
+    /// `ipo_threshold` with the DPPO mask (it applies to `prime_rl_ipo` only).
+    pub fn new(
+        mask: PrimeMask,
+        settings: PrimeRlSettings,
+    ) -> std::result::Result<Self, SettingError> {
+        if mask == PrimeMask::Dppo && settings.ipo_threshold.is_some() {
+            return Err(SettingError::new(
+                "ipo_threshold",
+                "applies to loss = \"prime_rl_ipo\" only; remove it or choose that loss",
+            ));
+        }
+        Ok(Self { mask, settings })
+    }
 }
 
 /// `Σ_t x·sel / max(Σ_t sel, 1)` per row, `[batch, 1]`.
@@ -41,7 +101,7 @@ fn safe_row_mean(x: Tensor<2>, sel: Tensor<2>) -> Tensor<2> {
 
 impl PolicyLoss for PrimeRl {
     fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms> {
-        let cfg = ctx.config;
+        let (cfg, s) = (ctx.config, &self.settings);
         let input = ctx.input;
         let mask = &input.response_mask;
         let adv = zero_padding(input.advantages.clone(), mask);
@@ -65,13 +125,15 @@ impl PolicyLoss for PrimeRl {
                 low_high = Some((low.bool_and(a_neg.clone()), high.bool_and(a_pos.clone())));
                 masked
             }
-            PrimeMask::Ipo => d.abs().greater_elem(cfg.ipo_threshold),
+            PrimeMask::Ipo => d
+                .abs()
+                .greater_elem(s.ipo_threshold.unwrap_or(IPO_THRESHOLD)),
         }
         .bool_and(m.clone());
         let keep = m.clone().bool_and(masked.clone().bool_not());
         let f = |b: burn::tensor::Tensor<2, burn::tensor::Bool>| b.float().cast(adv.dtype());
-        let pg = (adv.clone() * ratio.clone() * f(keep.clone())).neg() * cfg.adv_tau;
-        let penalty = zero_padding(log_r.clone().square(), mask) * cfg.kl_tau;
+        let pg = (adv.clone() * ratio.clone() * f(keep.clone())).neg() * s.adv_tau;
+        let penalty = zero_padding(log_r.clone().square(), mask) * s.kl_tau;
         let mut terms = LossTerms::per_token(pg + penalty);
         let mismatch = zero_padding((ratio.clone() - log_r - 1.0).detach(), mask);
         let fm = f(m);
@@ -124,10 +186,12 @@ mod tests {
         let old = t2(vec![(0.5f64).ln(), (0.5f64).ln()], 1, 2, &dev);
         let adv = t2(vec![1.0, 1.0], 1, 2, &dev);
         let mask = t2(vec![1.0, 1.0], 1, 2, &dev);
-        let cfg = PolicyLossConfig::new().with_kl_tau(0.1);
         let input = PolicyLossInput::new(lp.clone(), old, adv, mask);
+        let settings = serde_json::json!({"kl_tau": 0.1});
         let out = LossRegistry::with_builtins()
-            .compute("prime_rl", &input, &cfg)
+            .build("prime_rl", Some(&settings))
+            .unwrap()
+            .compute(&input, &PolicyLossConfig::new())
             .unwrap();
         let g = to_host(&lp.grad(&out.loss.backward()).unwrap()).unwrap();
         let lr = (0.9f64 / 0.5).ln();

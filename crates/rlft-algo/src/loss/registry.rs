@@ -1,9 +1,10 @@
 //! Name → loss registry, with algorithm presets (`grpo`, `dr_grpo`, `dapo`, ...).
 
+use super::settings::{Builder, Configurable};
 use super::{
-    Cispo, ClipCov, ClippedSurrogate, Dppo, DppoDivergence, Dro, GeoMean, Gpg, KlCov, PolicyLoss,
-    PolicyLossConfig, PolicyLossInput, PolicyLossOutput, PrimeMask, PrimeRl, Reinforce,
-    ReinforceIs, Sapo, Topr, Vespo,
+    Cispo, ClipCov, ClippedSurrogate, Dppo, DppoDivergence, Dro, GeoMean, Gpg, KlCov, LossSettings,
+    PolicyLoss, PolicyLossConfig, PolicyLossInput, PolicyLossOutput, PrimeMask, PrimeRl, Reinforce,
+    ReinforceIs, Sapo, SettingError, Topr, Vespo,
 };
 use crate::advantage::AdvantageEstimator;
 use crate::aggregation::LossAggregation;
@@ -59,11 +60,35 @@ impl Preset {
     }
 }
 
+/// A registered loss: fixed, or built from its settings.
+#[derive(Clone)]
+enum Registered {
+    /// A loss without settings of its own.
+    Fixed(Arc<dyn PolicyLoss>),
+    /// A loss built from its `[algorithm.<section>]` settings.
+    Configurable(Arc<dyn Configurable>),
+}
+
+/// A recipe table of loss settings, as a registry knows it.
+#[derive(Debug, Clone)]
+pub struct LossSection {
+    /// The table's name: `[algorithm.<name>]`.
+    pub name: String,
+    /// The names (losses and presets) that read it, sorted.
+    pub read_by: Vec<String>,
+    /// The settings' JSON schema (types, doc comments).
+    pub schema: schemars::Schema,
+    /// The default settings.
+    pub defaults: serde_json::Value,
+}
+
 /// Policy losses and presets by name. [`LossRegistry::default`] holds the built-ins; register
-/// your own with [`LossRegistry::register`] and use them by name like any other.
+/// your own with [`LossRegistry::register`] (a loss without settings) or
+/// [`LossRegistry::register_with_settings`] (a loss with its own recipe table) and use them by
+/// name like any other.
 #[derive(Clone)]
 pub struct LossRegistry {
-    losses: BTreeMap<String, Arc<dyn PolicyLoss>>,
+    losses: BTreeMap<String, Registered>,
     presets: BTreeMap<String, Preset>,
 }
 
@@ -116,10 +141,10 @@ impl LossRegistry {
         r.register("gpg", Gpg);
         r.register("reinforce", Reinforce);
         r.register("reinforce_is", ReinforceIs);
-        r.register("dro", Dro);
-        r.register("sapo", Sapo);
-        r.register("clip_cov", ClipCov);
-        r.register("kl_cov", KlCov);
+        r.register_with_settings("dro", |settings| Ok(Dro { settings }));
+        r.register_with_settings("sapo", |settings| Ok(Sapo { settings }));
+        r.register_with_settings("clip_cov", |settings| Ok(ClipCov { settings }));
+        r.register_with_settings("kl_cov", |settings| Ok(KlCov { settings }));
         r.register(
             "dppo_tv",
             Dppo {
@@ -132,20 +157,10 @@ impl LossRegistry {
                 divergence: DppoDivergence::BinaryKl,
             },
         );
-        r.register("vespo", Vespo);
-        r.register("topr", Topr);
-        r.register(
-            "prime_rl",
-            PrimeRl {
-                mask: PrimeMask::Dppo,
-            },
-        );
-        r.register(
-            "prime_rl_ipo",
-            PrimeRl {
-                mask: PrimeMask::Ipo,
-            },
-        );
+        r.register_with_settings("vespo", |settings| Ok(Vespo { settings }));
+        r.register_with_settings("topr", |settings| Ok(Topr { settings }));
+        r.register_with_settings("prime_rl", |s| PrimeRl::new(PrimeMask::Dppo, s));
+        r.register_with_settings("prime_rl_ipo", |s| PrimeRl::new(PrimeMask::Ipo, s));
         let presets = [
             // TRL's LUSPO: PPO-clip on the sequence-mean ratio (gradient through the mean),
             // each row's token sum averaged over the rows.
@@ -200,14 +215,35 @@ impl LossRegistry {
         r
     }
 
-    /// Registers (or replaces) a loss under `name`, with a default preset of the same name.
+    /// Registers (or replaces) a loss without settings of its own under `name`, with a default
+    /// preset of the same name.
     pub fn register(
         &mut self,
         name: impl Into<String>,
         loss: impl PolicyLoss + 'static,
     ) -> &mut Self {
-        let name = name.into();
-        self.losses.insert(name.clone(), Arc::new(loss));
+        self.insert(name.into(), Registered::Fixed(Arc::new(loss)))
+    }
+
+    /// Registers (or replaces) a loss with settings of its own under `name`: `build` makes the
+    /// loss from its settings `S`, which a recipe sets in `[algorithm.<S::SECTION>]` (checked
+    /// with [`LossSettings::check`], and by `build` for what concerns this loss only). Several
+    /// losses may read one section; they must then share its settings type.
+    pub fn register_with_settings<S, L>(
+        &mut self,
+        name: impl Into<String>,
+        build: impl Fn(S) -> std::result::Result<L, SettingError> + Send + Sync + 'static,
+    ) -> &mut Self
+    where
+        S: LossSettings,
+        L: PolicyLoss + 'static,
+    {
+        let builder: Arc<dyn Configurable> = Arc::new(Builder::new(build));
+        self.insert(name.into(), Registered::Configurable(builder))
+    }
+
+    fn insert(&mut self, name: String, loss: Registered) -> &mut Self {
+        self.losses.insert(name.clone(), loss);
         self.presets
             .entry(name.clone())
             .or_insert_with(|| Preset::new(name.clone(), name));
@@ -236,13 +272,98 @@ impl LossRegistry {
             .ok_or_else(|| self.unknown("policy loss", name, true))
     }
 
-    /// The loss that `name` (a loss or a preset) runs.
+    /// The loss that `name` (a loss or a preset) runs, with its default settings.
     pub fn get(&self, name: &str) -> Result<Arc<dyn PolicyLoss>> {
+        self.build(name, None)
+    }
+
+    /// The loss that `name` (a loss or a preset) runs, built from `settings` (its section's
+    /// table as JSON; `None`: the defaults).
+    ///
+    /// # Errors
+    /// An unknown name; settings for a loss that has none; settings that do not read or are
+    /// out of range ([`AlgoError::LossSetting`], naming the key inside the section).
+    pub fn build(
+        &self,
+        name: &str,
+        settings: Option<&serde_json::Value>,
+    ) -> Result<Arc<dyn PolicyLoss>> {
         let preset = self.resolve(name)?;
+        match (self.registered(&preset.loss)?, settings) {
+            (Registered::Fixed(loss), None) => Ok(loss.clone()),
+            (Registered::Fixed(_), Some(_)) => Err(AlgoError::LossSetting {
+                section: preset.loss.clone(),
+                key: String::new(),
+                message: format!("loss '{name}' has no settings of its own"),
+            }),
+            (Registered::Configurable(c), v) => c.build(v).map_err(|e| AlgoError::LossSetting {
+                section: c.section().to_string(),
+                key: e.key,
+                message: e.message,
+            }),
+        }
+    }
+
+    /// The settings table (`[algorithm.<section>]`) that `name` (a loss or a preset) reads, if
+    /// its loss has settings.
+    ///
+    /// # Errors
+    /// An unknown name.
+    pub fn section_of(&self, name: &str) -> Result<Option<&'static str>> {
+        let preset = self.resolve(name)?;
+        Ok(match self.registered(&preset.loss)? {
+            Registered::Fixed(_) => None,
+            Registered::Configurable(c) => Some(c.section()),
+        })
+    }
+
+    /// Every settings table a registered loss reads, sorted by name.
+    pub fn sections(&self) -> Vec<LossSection> {
+        let mut out: BTreeMap<&str, LossSection> = BTreeMap::new();
+        for (name, preset) in &self.presets {
+            let Some(Registered::Configurable(c)) = self.losses.get(&preset.loss) else {
+                continue;
+            };
+            out.entry(c.section())
+                .or_insert_with(|| LossSection {
+                    name: c.section().to_string(),
+                    read_by: Vec::new(),
+                    schema: c.schema(),
+                    defaults: c.defaults(),
+                })
+                .read_by
+                .push(name.clone());
+        }
+        out.into_values().collect()
+    }
+
+    /// Reads and range-checks a `[algorithm.<section>]` table, whichever loss reads it.
+    ///
+    /// # Errors
+    /// No registered loss reads `section`; a key that does not read or is out of range.
+    pub fn check_section(&self, section: &str, settings: &serde_json::Value) -> Result<()> {
+        let reader = self.losses.values().find_map(|r| match r {
+            Registered::Configurable(c) if c.section() == section => Some(c),
+            _ => None,
+        });
+        let Some(c) = reader else {
+            return Err(AlgoError::UnknownName {
+                kind: "loss settings section",
+                name: section.to_string(),
+                known: self.sections().into_iter().map(|s| s.name).collect(),
+            });
+        };
+        c.check(settings).map_err(|e| AlgoError::LossSetting {
+            section: section.to_string(),
+            key: e.key,
+            message: e.message,
+        })
+    }
+
+    fn registered(&self, loss: &str) -> Result<&Registered> {
         self.losses
-            .get(&preset.loss)
-            .cloned()
-            .ok_or_else(|| self.unknown("policy loss", &preset.loss, false))
+            .get(loss)
+            .ok_or_else(|| self.unknown("policy loss", loss, false))
     }
 
     /// Whether the loss that `name` runs is batch-coupled (see [`PolicyLoss::batch_coupled`]).

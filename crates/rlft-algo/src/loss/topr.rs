@@ -1,14 +1,47 @@
 //! TOPR, tapered off-policy REINFORCE (ROLL's `pg_variant="topr"`): plain REINFORCE on rows
 //! with a positive reward, REINFORCE weighted by the ratio truncated to `[0, 1]` on the others.
 
-use super::{LossContext, LossTerms, LossValue, PolicyLoss};
+use super::{LossContext, LossSettings, LossTerms, LossValue, PolicyLoss, SettingError};
 use crate::aggregation::LossAggregation;
 use crate::masked::{COUNT_EPS, zero_padding};
 use crate::{AlgoError, Result};
 use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
+
+/// `[algorithm.topr]`: ROLL's TOPR row weights.
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToprSettings {
+    /// `[positive, negative]`: the weights of rows with a positive and a non-positive score
+    /// (ROLL's default `[1, 1]`).
+    pub weights: [f64; 2],
+}
+
+impl Default for ToprSettings {
+    fn default() -> Self {
+        Self {
+            weights: [1.0, 1.0],
+        }
+    }
+}
+
+impl LossSettings for ToprSettings {
+    const SECTION: &'static str = "topr";
+    fn check(&self) -> std::result::Result<(), SettingError> {
+        let [p, n] = self.weights;
+        if p.is_finite() && n.is_finite() && p >= 0.0 && n >= 0.0 {
+            Ok(())
+        } else {
+            Err(SettingError::new(
+                "weights",
+                format!("must both be finite and ≥ 0, got [{p}, {n}]"),
+            ))
+        }
+    }
+}
 
 /// `L = w⁺·(−A·log πθ)` on rows with score `> 0`, `w⁻·(−sg(clamp(ρ, 0, 1))·A·log πθ)` on rows
-/// with score `≤ 0` (`ρ = πθ/π_old` unclamped, `(w⁺, w⁻)` the config's `topr_weights`).
+/// with score `≤ 0` (`ρ = πθ/π_old` unclamped, `[w⁺, w⁻]` the settings' `weights`).
 ///
 /// TOPR reduces its loss itself with ROLL's `agg_loss` and per-row sample weights
 /// `B·1/(B + 1e-8)` (uniform weights normalised as ROLL does), `N` = `batch_num_tokens` and
@@ -23,8 +56,11 @@ use burn::tensor::Tensor;
 ///
 /// # Shapes
 /// - scores `[batch]`, every other input `[batch, T]`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Topr;
+#[derive(Debug, Clone, Default)]
+pub struct Topr {
+    /// The settings.
+    pub settings: ToprSettings,
+}
 
 /// ROLL's `agg_loss` with optional per-row weights (`[batch, 1]`) and normalisers.
 fn roll_agg(
@@ -93,7 +129,7 @@ impl PolicyLoss for Topr {
         let truncated = ratio.clone().clamp(0.0, 1.0).detach();
         let pos_loss = (adv.clone() * lp.clone()).neg() * pos2.clone();
         let neg_loss = (truncated * adv * lp).neg() * neg2.clone();
-        let (wp, wn) = cfg.topr_weights;
+        let [wp, wn] = self.settings.weights;
         let loss = pos_loss.clone() * wp + neg_loss.clone() * wn;
         let loss = match &input.rollout_is_weights {
             Some(w) => loss * w.clone(),

@@ -1,10 +1,11 @@
 //! VESPO (TRL 1.16 `loss_type="vespo"`): a REINFORCE loss whose rows are weighted by a gamma
 //! function of their sequence importance weight.
 
-use super::{LossContext, LossTerms, PolicyLoss};
+use super::{LossContext, LossSettings, LossTerms, PolicyLoss, SettingError};
 use crate::Result;
 use crate::masked::zero_padding;
 use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
 
 /// Lower clamp of VESPO's log sequence weight (`log 1e-8`), also applied to each `log ρ` of the
 /// rollout engine's ratio.
@@ -14,6 +15,40 @@ const LOG_W_MAX: f64 = 20.0;
 /// Smallest λ used.
 const LAMBDA_MIN: f64 = 1e-4;
 
+/// `[algorithm.vespo]`: the gamma weights of TRL 1.16's VESPO.
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VespoSettings {
+    /// `[k, λ]` for rows with a non-negative advantage (TRL's default `[2, 3]`).
+    pub pos: [f64; 2],
+    /// `[k, λ]` for rows with a negative advantage (TRL's default `[3, 2]`).
+    pub neg: [f64; 2],
+}
+
+impl Default for VespoSettings {
+    fn default() -> Self {
+        Self {
+            pos: [2.0, 3.0],
+            neg: [3.0, 2.0],
+        }
+    }
+}
+
+impl LossSettings for VespoSettings {
+    const SECTION: &'static str = "vespo";
+    fn check(&self) -> std::result::Result<(), SettingError> {
+        for (key, [k, l]) in [("pos", self.pos), ("neg", self.neg)] {
+            if !(k.is_finite() && l.is_finite() && k > 0.0 && l > 0.0) {
+                return Err(SettingError::new(
+                    key,
+                    format!("[k, λ] must both be finite and > 0, got [{k}, {l}]"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `L = −φ_i·A·log πθ`, differentiated through `log πθ` (not a ratio), with the detached row
 /// weight `φ_i = exp(λ + k·log w_i − λ·w_i)`:
 ///
@@ -21,20 +56,23 @@ const LAMBDA_MIN: f64 = 1e-4;
 ///   20), log 1e-8, 20)`, where `ρ` is the optional rollout-engine ratio
 ///   ([`PolicyLossInput::sampling_is_ratio`](super::PolicyLossInput::sampling_is_ratio)) taken
 ///   over every position (padding must hold 1);
-/// - `(k, λ)` is the config's `vespo_pos` for rows whose advantage (read at the first position)
-///   is `≥ 0`, `vespo_neg` otherwise; λ is clamped to ≥ 1e-4; a non-finite φ becomes 0.
+/// - `(k, λ)` is the settings' `pos` for rows whose advantage (read at the first position)
+///   is `≥ 0`, `neg` otherwise; λ is clamped to ≥ 1e-4; a non-finite φ becomes 0.
 ///
 /// The ratio level, clip range and rollout IS weights do not enter. Extras: `phi_seq`
 /// (`[batch, 1]`) and `vespo/phi_seq_mean` (`Σ_i φ_i / B` over all rows).
 ///
 /// # Shapes
 /// - every input `[batch, T]`; the row weight is `[batch, 1]`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Vespo;
+#[derive(Debug, Clone, Default)]
+pub struct Vespo {
+    /// The settings.
+    pub settings: VespoSettings,
+}
 
 impl Vespo {
     /// The detached row weights `φ`, `[batch, 1]`.
-    pub fn phi(ctx: &LossContext<'_>) -> Tensor<2> {
+    pub fn phi(&self, ctx: &LossContext<'_>) -> Tensor<2> {
         let input = ctx.input;
         let [b, _] = input.log_prob.dims();
         let d = zero_padding(
@@ -50,8 +88,8 @@ impl Vespo {
         let w = log_w.clone().exp();
         let a0 = input.advantages.clone().slice([0..b, 0..1]);
         let pos = a0.greater_equal_elem(0.0);
-        let (kp, lp) = ctx.config.vespo_pos;
-        let (kn, ln) = ctx.config.vespo_neg;
+        let [kp, lp] = self.settings.pos;
+        let [kn, ln] = self.settings.neg;
         let k = log_w.zeros_like().mask_fill(pos.clone(), kp);
         let k = k.mask_fill(pos.clone().bool_not(), kn);
         let lam = log_w
@@ -70,7 +108,7 @@ impl PolicyLoss for Vespo {
     }
 
     fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms> {
-        let phi = Self::phi(ctx);
+        let phi = self.phi(ctx);
         let [b, _] = phi.dims();
         let loss = (ctx.input.advantages.clone() * ctx.input.log_prob.clone() * phi.clone()).neg();
         let mut terms = LossTerms::per_token(loss);

@@ -1,5 +1,6 @@
-//! The clip curves (the lecture's p.32): the per-token objective against the importance ratio
-//! for A = +1 and A = −1, computed by the registered losses themselves on a grid of ratios.
+//! The clip curves (p.32 of the stale-samples lecture): the per-token objective against the
+//! importance ratio for A = +1 and A = −1, computed by the registered losses themselves on a grid
+//! of ratios.
 
 use super::{Figure, save};
 use crate::Result;
@@ -226,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn ppo_clips_where_the_lecture_says() {
+    fn ppo_clips_where_the_stale_samples_lecture_says() {
         let (curves, skipped) = clip_curves(&LossRegistry::with_builtins()).unwrap();
         let ppo = curves.iter().find(|c| c.title == "ppo (ε 0.2)").unwrap();
         // A = +1: r up to 1.2, then flat at 1.2.

@@ -1,6 +1,6 @@
 //! The figures drawn from `metrics.jsonl`: the cumulative-ratio fan by token position (the
-//! lecture's Fig. 1) with CTPO's position-dependent bounds, the staleness histogram over the
-//! run, and the importance-weight and mismatch-KL curves.
+//! stale-samples lecture's Fig. 1) with CTPO's position-dependent bounds, the staleness histogram
+//! over the run, and the importance-weight and mismatch-KL curves.
 
 use super::Figure;
 use crate::metrics::StepMetrics;

@@ -15,8 +15,8 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// Writes `run/report.html` from the run's metrics, the PNG files among `pictures` (the lecture
-/// figures first, then the metric curves) and `run/recipe.toml`; returns its path.
+/// Writes `run/report.html` from the run's metrics, the PNG files among `pictures` (the
+/// stale-samples lecture's figures first, then the metric curves) and `run/recipe.toml`; returns its path.
 pub fn write_report(run: &Path, pictures: &[PathBuf]) -> Result<PathBuf> {
     let rows = read_metrics(&run.join("metrics.jsonl"))?;
     let recipe = std::fs::read_to_string(run.join("recipe.toml")).unwrap_or_default();

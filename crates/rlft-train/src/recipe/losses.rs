@@ -1,127 +1,101 @@
-//! The settings of losses that follow one anchor's code: `[algorithm.vespo]` (TRL),
-//! `[algorithm.topr]` (ROLL) and `[algorithm.prime_rl]`. Unset keys keep the preset's values
-//! (the anchor's defaults); a key set for a loss that does not use it is a recipe error.
+//! The loss tables of a recipe, `[algorithm.<section>]`: each is read and range-checked by the
+//! settings type its loss declared in the [`LossRegistry`], so a loss registered by a downstream
+//! trainer has recipe settings of its own like a built-in one.
 
-use rlft_algo::loss::PolicyLossConfig;
-use serde::{Deserialize, Serialize};
+use super::AlgorithmSection;
+use crate::{Result, TrainError};
+use rlft_algo::AlgoError;
+use rlft_algo::loss::{LossRegistry, PolicyLoss};
+use std::sync::Arc;
 
-/// `[algorithm.vespo]`: the gamma weights of TRL 1.16's VESPO (`loss = "vespo"`).
-#[derive(schemars::JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct VespoSection {
-    /// `[k, λ]` for rows with a non-negative advantage (TRL's default `[2, 3]`).
-    pub pos: Option<[f64; 2]>,
-    /// `[k, λ]` for rows with a negative advantage (TRL's default `[3, 2]`).
-    pub neg: Option<[f64; 2]>,
+/// `algorithm.<e>` for a loss setting, `algorithm.loss: <e>` otherwise.
+fn recipe_error(e: AlgoError) -> TrainError {
+    match e {
+        AlgoError::LossSetting { .. } => TrainError::Recipe(format!("algorithm.{e}")),
+        other => TrainError::Recipe(format!("algorithm.loss: {other}")),
+    }
 }
 
-/// `[algorithm.topr]`: ROLL's TOPR (`loss = "topr"`).
-#[derive(schemars::JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ToprSection {
-    /// `[positive, negative]`: the weights of rows with a positive and a non-positive score
-    /// (ROLL's default `[1, 1]`).
-    pub weights: Option<[f64; 2]>,
+/// The registered losses, for messages: `name ([algorithm.section])` where it has settings.
+pub(crate) fn registered_losses(registry: &LossRegistry) -> String {
+    registry
+        .names()
+        .iter()
+        .map(|n| match registry.section_of(n) {
+            Ok(Some(s)) => format!("{n} ([algorithm.{s}])"),
+            _ => n.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
-/// `[algorithm.prime_rl]`: prime-rl's losses (`loss = "prime_rl"` or `"prime_rl_ipo"`).
-#[derive(schemars::JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PrimeRlSection {
-    /// Scale of the advantage term (`adv_tau`, default 1).
-    pub adv_tau: Option<f64>,
-    /// Coefficient of the squared log-ratio penalty (`kl_tau`, default 1e-3).
-    pub kl_tau: Option<f64>,
-    /// `prime_rl_ipo`: tokens whose probability moved by more than this are masked (default
-    /// 0.1).
-    pub ipo_threshold: Option<f64>,
+/// The error for a table no loss in `registry` reads.
+pub(crate) fn unknown_section(section: &str, registry: &LossRegistry) -> TrainError {
+    TrainError::Recipe(format!(
+        "algorithm.{section}: no loss registered in this binary reads [algorithm.{section}]; the \
+         registered losses are {}. A loss a downstream trainer registers is known to that \
+         trainer's binary, which loads the recipe with Recipe::load_with and its registry",
+        registered_losses(registry)
+    ))
 }
 
-/// The ranges of the anchor-specific loss settings (checked when a recipe loads, whatever its
-/// loss).
+/// Reads and range-checks every loss table, whichever loss the run names.
 ///
 /// # Errors
-/// A value out of range, naming its key.
-pub(crate) fn check_ranges(
-    (vespo, topr, prime): (&VespoSection, &ToprSection, &PrimeRlSection),
-) -> Result<(), (String, String)> {
-    let positive = [
-        ("vespo.pos", vespo.pos.map(|[a, b]| a.min(b))),
-        ("vespo.neg", vespo.neg.map(|[a, b]| a.min(b))),
-        ("prime_rl.adv_tau", prime.adv_tau),
-        ("prime_rl.kl_tau", prime.kl_tau),
-        ("prime_rl.ipo_threshold", prime.ipo_threshold),
-    ];
-    for (key, v) in positive {
-        if let Some(v) = v
-            && v <= 0.0
-        {
-            return Err((format!("algorithm.{key}"), format!("must be > 0, got {v}")));
+/// A table that is not a table, that no registered loss reads, or whose key does not read or is
+/// out of range (naming the dotted key).
+pub(crate) fn check_tables(a: &AlgorithmSection, registry: &LossRegistry) -> Result<()> {
+    for (section, table) in &a.settings {
+        if !table.is_object() {
+            return Err(TrainError::Recipe(format!(
+                "unknown key 'algorithm.{section}' (a value, not a loss's settings table)"
+            )));
         }
-    }
-    if let Some(w @ [p, n]) = topr.weights
-        && (p < 0.0 || n < 0.0)
-    {
-        return Err((
-            "algorithm.topr.weights".into(),
-            format!("must be ≥ 0, got {w:?}"),
-        ));
+        if !registry.sections().iter().any(|s| s.name == *section) {
+            return Err(unknown_section(section, registry));
+        }
+        registry
+            .check_section(section, table)
+            .map_err(recipe_error)?;
     }
     Ok(())
 }
 
-/// The anchor-specific loss settings of a recipe, applied to `c` for the registered loss
-/// `loss` (the loss the recipe's `algorithm.loss`, `named`, runs).
+/// The run's loss, built from its table (its defaults without one).
 ///
 /// # Errors
-/// A section's key set for another loss (the ranges are [`check_ranges`]'s); the message names the
-/// key.
-pub(crate) fn apply(
-    (vespo, topr, prime): (&VespoSection, &ToprSection, &PrimeRlSection),
-    (loss, named): (&str, &str),
-    c: &mut PolicyLossConfig,
-) -> Result<(), (String, String)> {
-    let wrong = |key: &str, owner: &str| {
-        Err((
-            format!("algorithm.{key}"),
-            format!("applies to loss = {owner}, not '{named}'; remove it or choose that loss"),
-        ))
-    };
-    if vespo.pos.is_some() || vespo.neg.is_some() {
-        if loss != "vespo" {
-            return wrong("vespo", "\"vespo\"");
+/// As [`check_tables`]; a table of another loss than the run's (naming both).
+pub(crate) fn build_policy(
+    a: &AlgorithmSection,
+    registry: &LossRegistry,
+) -> Result<Arc<dyn PolicyLoss>> {
+    check_tables(a, registry)?;
+    let own = registry.section_of(&a.loss).map_err(recipe_error)?;
+    for (section, table) in &a.settings {
+        if Some(section.as_str()) == own {
+            continue;
         }
-        if let Some([k, l]) = vespo.pos {
-            c.vespo_pos = (k, l);
-        }
-        if let Some([k, l]) = vespo.neg {
-            c.vespo_neg = (k, l);
-        }
+        let readers = registry
+            .sections()
+            .into_iter()
+            .find(|s| s.name == *section)
+            .map(|s| s.read_by)
+            .unwrap_or_default();
+        let key = match table.as_object().and_then(|t| t.keys().next()) {
+            Some(k) => format!("algorithm.{section}.{k}"),
+            None => format!("algorithm.{section}"),
+        };
+        let readers = readers
+            .iter()
+            .map(|r| format!("\"{r}\""))
+            .collect::<Vec<_>>()
+            .join(" or ");
+        return Err(TrainError::Recipe(format!(
+            "{key}: [algorithm.{section}] holds the settings of loss = {readers}, not of the \
+             run's loss '{}'; remove it or choose that loss",
+            a.loss
+        )));
     }
-    if let Some([p, n]) = topr.weights {
-        if loss != "topr" {
-            return wrong("topr.weights", "\"topr\"");
-        }
-        c.topr_weights = (p, n);
-    }
-    let prime_rl = loss == "prime_rl" || loss == "prime_rl_ipo";
-    if let Some(v) = prime.adv_tau {
-        if !prime_rl {
-            return wrong("prime_rl.adv_tau", "\"prime_rl\" or \"prime_rl_ipo\"");
-        }
-        c.adv_tau = v;
-    }
-    if let Some(v) = prime.kl_tau {
-        if !prime_rl {
-            return wrong("prime_rl.kl_tau", "\"prime_rl\" or \"prime_rl_ipo\"");
-        }
-        c.kl_tau = v;
-    }
-    if let Some(t) = prime.ipo_threshold {
-        if loss != "prime_rl_ipo" {
-            return wrong("prime_rl.ipo_threshold", "\"prime_rl_ipo\"");
-        }
-        c.ipo_threshold = t;
-    }
-    Ok(())
+    let table = own.and_then(|s| a.settings.get(s));
+    registry.build(&a.loss, table).map_err(recipe_error)
 }

@@ -3,6 +3,7 @@
 //! `rlft recipe keys` prints it; `docs/recipe-reference.md` is its output, kept in sync by a test.
 
 use super::Recipe;
+use rlft_algo::loss::LossRegistry;
 use serde_json::{Map, Value};
 
 /// The command that writes the reference page.
@@ -25,23 +26,59 @@ pub struct KeyDoc {
     pub meaning: String,
 }
 
-/// Every key of a recipe, in schema order (sections, then their keys, alphabetically).
+/// Every key of a recipe with the built-in losses, in schema order (sections, then their keys,
+/// alphabetically).
 pub fn keys() -> Vec<KeyDoc> {
-    let schema = schemars::schema_for!(Recipe);
-    let root = schema.as_value();
+    keys_with(&LossRegistry::with_builtins())
+}
+
+/// Every key of a recipe with the losses of `registry`: their settings tables
+/// (`[algorithm.<section>]`) follow the other `[algorithm]` keys.
+pub fn keys_with(registry: &LossRegistry) -> Vec<KeyDoc> {
+    let defaults = serde_json::to_value(Recipe::default()).unwrap_or(Value::Null);
+    let mut out = walk_root(
+        schemars::schema_for!(Recipe).as_value(),
+        "",
+        Some(&defaults),
+    );
+    let at = out
+        .iter()
+        .rposition(|k| k.key.starts_with("algorithm."))
+        .map_or(out.len(), |i| i + 1);
+    let mut tables = Vec::new();
+    for s in registry.sections() {
+        let prefix = format!("algorithm.{}", s.name);
+        let mut keys = walk_root(s.schema.as_value(), &prefix, Some(&s.defaults));
+        let readers = s.read_by.join("`, `");
+        for k in &mut keys {
+            k.meaning = format!("(loss `{readers}`) {}", k.meaning);
+        }
+        tables.extend(keys);
+    }
+    out.splice(at..at, tables);
+    out
+}
+
+/// The keys of a root schema (its own `$defs`) under `prefix`.
+fn walk_root(root: &Value, prefix: &str, defaults: Option<&Value>) -> Vec<KeyDoc> {
     let empty = Map::new();
     let defs = root
         .get("$defs")
         .and_then(Value::as_object)
         .unwrap_or(&empty);
-    let defaults = serde_json::to_value(Recipe::default()).unwrap_or(Value::Null);
     let mut out = Vec::new();
-    walk(root, "", Some(&defaults), defs, &mut out);
+    walk(root, prefix, defaults, defs, &mut out);
     out
 }
 
-/// The reference page (Markdown): one table per section.
+/// The reference page (Markdown) with the built-in losses: one table per section.
 pub fn reference_markdown() -> String {
+    reference_markdown_with(&LossRegistry::with_builtins())
+}
+
+/// The reference page (Markdown) with the losses of `registry` (what a downstream trainer that
+/// registers its own loss prints).
+pub fn reference_markdown_with(registry: &LossRegistry) -> String {
     let mut page = format!(
         "# Recipe reference\n\nEvery key a recipe may set, with its type, default, allowed values \
          and meaning. A recipe is a TOML file; `RLFT__SECTION__KEY=value` environment variables \
@@ -51,7 +88,7 @@ pub fn reference_markdown() -> String {
          out of date. Regenerate it with\n\n```sh\n{REFERENCE_COMMAND}\n```\n"
     );
     let mut section = None;
-    for k in keys() {
+    for k in keys_with(registry) {
         let head = match k.key.split_once('.') {
             Some((s, _)) => s.trim_end_matches("[]").to_string(),
             None => String::new(),

@@ -37,8 +37,6 @@ impl AlgorithmSection {
     /// checked; `advantage` is checked with the model settings ([`Recipe::checked_advantage`]).
     fn check_settings(&self) -> Result<()> {
         self.kl_control()?;
-        super::losses::check_ranges((&self.vespo, &self.topr, &self.prime_rl))
-            .map_err(|(key, e)| TrainError::Recipe(format!("{key}: {e}")))?;
         if let Some(rho) = self.top_entropy_quantile
             && !(rho > 0.0 && rho <= 1.0)
         {

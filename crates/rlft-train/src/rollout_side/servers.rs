@@ -287,6 +287,22 @@ impl Fleet {
         Ok(())
     }
 
+    /// Stops the `"local:N"` servers and removes the folders written for them (servers given by
+    /// URL keep running and may still read theirs). The next version served starts them again.
+    pub fn stop_local(&self) {
+        if !matches!(self.spec, Servers::Local(_)) {
+            return;
+        }
+        let v = std::mem::take(&mut *lock(&self.versions));
+        self.members
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        drop(v.local);
+        let _ = prune(&self.weights_dir, None);
+        let _ = std::fs::remove_dir(&self.weights_dir);
+    }
+
     /// Records requests in `timeline` from now on.
     pub fn set_timeline(&self, timeline: Arc<Timeline>) {
         *self
@@ -381,15 +397,8 @@ impl Fleet {
 }
 
 impl Drop for Fleet {
-    /// Stops the local servers and removes the folders written for them (servers given by
-    /// URL may still read theirs).
     fn drop(&mut self) {
-        let v = std::mem::take(&mut *lock(&self.versions));
-        if matches!(self.spec, Servers::Local(_)) {
-            drop(v.local);
-            let _ = prune(&self.weights_dir, None);
-            let _ = std::fs::remove_dir(&self.weights_dir);
-        }
+        self.stop_local();
     }
 }
 
