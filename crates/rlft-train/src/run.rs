@@ -332,41 +332,8 @@ impl Trainer {
                 exported: None,
             });
         }
-        // A run resumed from a warm-up checkpoint starts its RL log afresh.
-        let keep = (self.resumed && warmed_up).then_some(self.state.step);
-        let mut log = MetricsLog::open(&out.join("metrics.jsonl"), keep)?;
-        if self.recipe.logging.tensorboard {
-            log = log.with_tensorboard(&out, keep)?;
-        }
-        self.timeline = Arc::new(Timeline::open(
-            Some(&out.join(EVENTS_FILE)),
-            keep.is_some(),
-        )?);
-        if let Some(fleet) = &self.side.fleet {
-            fleet.set_timeline(self.timeline.clone());
-        }
-        if log.torn_lines > 0 {
-            eprintln!(
-                "note: {}: dropped a torn last line (a write cut short); the steps after the \
-                 checkpoint are recomputed",
-                out.join("metrics.jsonl").display()
-            );
-        }
-        let steps = self.recipe.schedule.steps;
-        let bar = if self.recipe.logging.progress {
-            let b = indicatif::ProgressBar::new(steps as u64);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                .progress_chars("=> "),
-            );
-            b.set_position(self.state.step as u64);
-            b
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
+        let mut log = self.open_run_log(&out, warmed_up)?;
+        let bar = self.progress_bar();
         if self.state.step == 0 && log.history.is_empty() {
             let mut m = StepMetrics::new();
             m.insert("step".into(), json!(0));
@@ -378,51 +345,10 @@ impl Trainer {
                 self.save_checkpoint()?;
             }
         }
-        let mut interrupted = false;
-        if self.state.step < steps && stopping(stop.as_ref()) {
-            // Asked to stop during the warm-up's last step or the step-0 evaluation: `step-0`
-            // (after a warm-up), the loaded checkpoint, or the run's start is where it resumes.
-            interrupted = true;
-        }
-        while self.state.step < steps && !interrupted {
-            let step = self.state.step + 1;
-            let report = self.step(step)?;
-            self.state.step = step;
-            let mut m = report.to_metrics()?;
-            crate::fault::point(|| format!("update:{step}"));
-            let eval_every = self.recipe.eval.every;
-            if step == steps || (eval_every > 0 && step.is_multiple_of(eval_every)) {
-                m.extend(self.evaluate_at(step)?);
-            }
-            bar.set_message(format!(
-                "reward {:.3} kl {:.4} {:.0} tok/s",
-                report.rollout.reward_mean, report.update.kl, report.rollout.tokens_per_s
-            ));
-            bar.set_position(step as u64);
-            log.write(m)?;
-            self.timeline.flush()?;
-            let every = self.recipe.checkpoint.every;
-            let stopping = stopping(stop.as_ref());
-            if self.state.bad_in_row >= MAX_BAD_STEPS_IN_ROW {
-                let dir = self.save_checkpoint()?;
-                bar.abandon();
-                return Err(TrainError::Diverged(format!(
-                    "{} steps in a row had NaN/Inf loss or gradients (weights left untouched); \
-                     checkpoint {}; start a new run with a lower optimizer.lr, or a lower \
-                     optimizer.grad_clip (a tighter bound on the gradient norm; 0 turns clipping \
-                     off) (a resumed run keeps its optimizer settings)",
-                    self.state.bad_in_row,
-                    dir.display()
-                )));
-            }
-            if step == steps || stopping || (every > 0 && step.is_multiple_of(every)) {
-                self.save_checkpoint()?;
-            }
-            if stopping && step < steps {
-                interrupted = true;
-                break;
-            }
-        }
+        // Asked to stop during the warm-up's last step or the step-0 evaluation: `step-0`
+        // (after a warm-up), the loaded checkpoint, or the run's start is where it resumes.
+        let interrupted = (self.state.step < self.recipe.schedule.steps && stopping(stop.as_ref()))
+            || self.rl_steps(&mut log, &bar, stop.as_ref())?;
         bar.finish_and_clear();
         self.shutdown()?;
         self.timeline.flush()?;
@@ -448,5 +374,102 @@ impl Trainer {
             table: log.summary(),
             exported,
         })
+    }
+
+    /// The RL metrics log (a run resumed from a warm-up checkpoint starts it afresh; one
+    /// resumed from an RL checkpoint keeps its lines up to that step), TensorBoard beside it,
+    /// and the timeline of `events.jsonl`.
+    fn open_run_log(&mut self, out: &Path, warmed_up: bool) -> Result<MetricsLog> {
+        let keep = (self.resumed && warmed_up).then_some(self.state.step);
+        let mut log = MetricsLog::open(&out.join("metrics.jsonl"), keep)?;
+        if self.recipe.logging.tensorboard {
+            log = log.with_tensorboard(out, keep)?;
+        }
+        self.timeline = Arc::new(Timeline::open(
+            Some(&out.join(EVENTS_FILE)),
+            keep.is_some(),
+        )?);
+        if let Some(fleet) = &self.side.fleet {
+            fleet.set_timeline(self.timeline.clone());
+        }
+        if log.torn_lines > 0 {
+            eprintln!(
+                "note: {}: dropped a torn last line (a write cut short); the steps after the \
+                 checkpoint are recomputed",
+                out.join("metrics.jsonl").display()
+            );
+        }
+        Ok(log)
+    }
+
+    /// The console's progress bar (hidden with `logging.progress = false`).
+    fn progress_bar(&self) -> indicatif::ProgressBar {
+        if !self.recipe.logging.progress {
+            return indicatif::ProgressBar::hidden();
+        }
+        let b = indicatif::ProgressBar::new(self.recipe.schedule.steps as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b.set_position(self.state.step as u64);
+        b
+    }
+
+    /// The RL steps from the current one to `schedule.steps`, each logged, evaluated every
+    /// `eval.every` steps and checkpointed every `checkpoint.every`; returns whether `stop`
+    /// ended them early (after a checkpoint).
+    ///
+    /// # Errors
+    /// As [`Trainer::run`].
+    fn rl_steps(
+        &mut self,
+        log: &mut MetricsLog,
+        bar: &indicatif::ProgressBar,
+        stop: Option<&Arc<AtomicBool>>,
+    ) -> Result<bool> {
+        let steps = self.recipe.schedule.steps;
+        while self.state.step < steps {
+            let step = self.state.step + 1;
+            let report = self.step(step)?;
+            self.state.step = step;
+            let mut m = report.to_metrics()?;
+            crate::fault::point(|| format!("update:{step}"));
+            let eval_every = self.recipe.eval.every;
+            if step == steps || (eval_every > 0 && step.is_multiple_of(eval_every)) {
+                m.extend(self.evaluate_at(step)?);
+            }
+            bar.set_message(format!(
+                "reward {:.3} kl {:.4} {:.0} tok/s",
+                report.rollout.reward_mean, report.update.kl, report.rollout.tokens_per_s
+            ));
+            bar.set_position(step as u64);
+            log.write(m)?;
+            self.timeline.flush()?;
+            let every = self.recipe.checkpoint.every;
+            let stopping = stopping(stop);
+            if self.state.bad_in_row >= MAX_BAD_STEPS_IN_ROW {
+                let dir = self.save_checkpoint()?;
+                bar.abandon();
+                return Err(TrainError::Diverged(format!(
+                    "{} steps in a row had NaN/Inf loss or gradients (weights left untouched); \
+                     checkpoint {}; start a new run with a lower optimizer.lr, or a lower \
+                     optimizer.grad_clip (a tighter bound on the gradient norm; 0 turns clipping \
+                     off) (a resumed run keeps its optimizer settings)",
+                    self.state.bad_in_row,
+                    dir.display()
+                )));
+            }
+            if step == steps || stopping || (every > 0 && step.is_multiple_of(every)) {
+                self.save_checkpoint()?;
+            }
+            if stopping && step < steps {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }

@@ -129,6 +129,57 @@ fn task(recipe: &Recipe, tokenizer: &Tokenizer) -> Result<Task> {
 
 /// The learner's devices: the run's (the first of `[distributed] devices`, else `device`),
 /// without autodiff, and the other ranks' (with autodiff).
+/// Refuses an `output_dir` that holds anything (a fresh run must not mix with another's files).
+fn check_fresh_output_dir(out: &Path) -> Result<()> {
+    if out.exists()
+        && std::fs::read_dir(out)
+            .map_err(io_err(out))?
+            .next()
+            .is_some()
+    {
+        return Err(TrainError::Recipe(format!(
+            "output_dir {} exists and is not empty; choose another output_dir, or continue \
+             that run with --resume {}",
+            out.display(),
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The learner's compute pool (`async.learner_threads`) and, with several ranks, each rank's
+/// own (`distributed.threads_per_rank`, else the shared threads split evenly).
+fn learner_pools(
+    recipe: &Recipe,
+) -> Result<(
+    Option<Arc<rayon::ThreadPool>>,
+    Option<crate::distributed::RankPools>,
+)> {
+    let learner_pool = recipe
+        .asynchrony
+        .learner_threads
+        .map(|n| crate::compute_pool(n, |k| format!("rlft-learner-{k}")).map(Arc::new))
+        .transpose()
+        .map_err(|e| TrainError::Usage(format!("learner compute threads: {e}")))?;
+    let rank_pools = match recipe.distributed.ranks() {
+        1 => None,
+        n => {
+            let shared = recipe
+                .asynchrony
+                .learner_threads
+                .unwrap_or_else(rayon::current_num_threads);
+            let threads = recipe
+                .distributed
+                .threads_per_rank
+                .unwrap_or((shared / n).max(1));
+            let pools = crate::distributed::RankPools::new(n, threads)
+                .map_err(|e| TrainError::Usage(format!("learner rank threads: {e}")))?;
+            Some(pools)
+        }
+    };
+    Ok((learner_pool, rank_pools))
+}
+
 fn learner_devices(recipe: &Recipe) -> Result<(Device, Vec<Device>)> {
     let devices = &recipe.distributed.devices;
     let plain = recipe.distributed.run_device(recipe.device).device()?;
@@ -195,20 +246,8 @@ impl Trainer {
         let (plain, ranks) = learner_devices(&recipe)?;
         let device = plain.clone().autodiff();
         device.seed(recipe.seed);
-        let out = &recipe.output_dir;
-        if resume.is_none()
-            && out.exists()
-            && std::fs::read_dir(out)
-                .map_err(io_err(out))?
-                .next()
-                .is_some()
-        {
-            return Err(TrainError::Recipe(format!(
-                "output_dir {} exists and is not empty; choose another output_dir, or continue \
-                 that run with --resume {}",
-                out.display(),
-                out.display()
-            )));
+        if resume.is_none() {
+            check_fresh_output_dir(&recipe.output_dir)?;
         }
         let stored = recipe.to_toml()?;
         let (models, tokenizer) = Models::build(&recipe, (&device, &plain), &ranks)?;
@@ -230,28 +269,7 @@ impl Trainer {
             }
             _ => None,
         };
-        let learner_pool = recipe
-            .asynchrony
-            .learner_threads
-            .map(|n| crate::compute_pool(n, |k| format!("rlft-learner-{k}")).map(Arc::new))
-            .transpose()
-            .map_err(|e| TrainError::Usage(format!("learner compute threads: {e}")))?;
-        let rank_pools = match recipe.distributed.ranks() {
-            1 => None,
-            n => {
-                let shared = recipe
-                    .asynchrony
-                    .learner_threads
-                    .unwrap_or_else(rayon::current_num_threads);
-                let threads = recipe
-                    .distributed
-                    .threads_per_rank
-                    .unwrap_or((shared / n).max(1));
-                let pools = crate::distributed::RankPools::new(n, threads)
-                    .map_err(|e| TrainError::Usage(format!("learner rank threads: {e}")))?;
-                Some(pools)
-            }
-        };
+        let (learner_pool, rank_pools) = learner_pools(&recipe)?;
         // Created once everything it describes has loaded: bad input leaves nothing behind.
         let out = &recipe.output_dir;
         std::fs::create_dir_all(out).map_err(io_err(out))?;
@@ -265,7 +283,7 @@ impl Trainer {
         );
         side.correctness = correctness;
         side.fleet = Fleet::new(&recipe, &tokenizer, &models.config)?.map(Arc::new);
-        let mut trainer = Self {
+        let trainer = Self {
             side,
             feed: Feed::Switching,
             timeline: Arc::new(Timeline::open(None, false)?),
@@ -293,27 +311,34 @@ impl Trainer {
             state: TrainerState::new(stored),
             resumed: false,
         };
-        let a = &trainer.recipe.asynchrony;
+        trainer.start(resume)
+    }
+
+    /// The feed of batches, the checkpoint to resume from, the effective recipe beside the
+    /// run's checkpoints, and a warning where the sampler's filter makes μ differ from the
+    /// learner's distribution: the last of [`Trainer::with_extensions`].
+    fn start(mut self, resume: Option<checkpoint::ResumeFrom>) -> Result<Self> {
+        let a = &self.recipe.asynchrony;
         let lag = match a.mode {
             AsyncMode::Lagged => a.lag().map_err(TrainError::Recipe)?,
             _ => 0,
         };
-        let admission = trainer.admission(DataCursor::default(), 0, PipelineState::default())?;
-        trainer.feed = Feed::new(a.mode, admission, lag);
+        let admission = self.admission(DataCursor::default(), 0, PipelineState::default())?;
+        self.feed = Feed::new(a.mode, admission, lag);
         if let Some(checkpoint::ResumeFrom::Checkpoint(dir)) = &resume {
             let mut state = checkpoint::read_state(dir)?;
-            state.recipe = trainer.state.recipe.clone();
-            trainer.load_checkpoint(dir, state)?;
-            checkpoint::adopt(&trainer.recipe.output_dir, dir)?;
+            state.recipe = self.state.recipe.clone();
+            self.load_checkpoint(dir, state)?;
+            checkpoint::adopt(&self.recipe.output_dir, dir)?;
         }
         // The effective recipe, beside the run's checkpoints: a run killed before its first
         // checkpoint resumes from it.
         crate::write_atomic(
-            &trainer.recipe.output_dir.join(checkpoint::RECIPE_FILE),
-            trainer.state.recipe.as_bytes(),
+            &self.recipe.output_dir.join(checkpoint::RECIPE_FILE),
+            self.state.recipe.as_bytes(),
         )?;
-        if trainer.learner.algo.offpolicy.filtered_sampling
-            && trainer.learner.algo.offpolicy.anchors_at_behaviour()
+        if self.learner.algo.offpolicy.filtered_sampling
+            && self.learner.algo.offpolicy.anchors_at_behaviour()
         {
             eprintln!(
                 "warning: top_k/top_p/min_p filter the sampling distribution: μ is its \
@@ -322,7 +347,7 @@ impl Trainer {
                  algorithm.sampling_mask = \"replay\" takes the learner's over the kept set"
             );
         }
-        Ok(trainer)
+        Ok(self)
     }
 
     fn lr(&self, step: usize) -> f64 {

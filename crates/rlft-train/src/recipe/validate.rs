@@ -6,6 +6,11 @@ use crate::{Result, TrainError};
 use rlft_algo::advantage::AdvantageEstimator;
 use rlft_algo::kl::AdaptiveKlController;
 
+/// A recipe error naming `key`.
+fn bad<T>(key: &str, msg: String) -> Result<T> {
+    Err(TrainError::Recipe(format!("{key}: {msg}")))
+}
+
 /// `[algorithm]`'s settings that do not depend on the loss registry, parsed: checked when a
 /// recipe loads, and used by the trainer's resolution ([`Recipe::validate_with`]).
 impl AlgorithmSection {
@@ -86,7 +91,19 @@ impl Recipe {
     /// Every range and enum check that does not depend on the loss registry (what
     /// [`Recipe::load`] checks; [`Recipe::validate_with`] adds the algorithm's).
     pub(crate) fn check_values(&self) -> Result<()> {
-        let bad = |key: &str, msg: String| Err(TrainError::Recipe(format!("{key}: {msg}")));
+        self.check_files()?;
+        self.check_counts()?;
+        self.check_sampling()?;
+        self.check_coefficients()?;
+        self.check_optimisation()?;
+        self.check_model()?;
+        self.check_task()?;
+        self.check_placement()?;
+        Ok(())
+    }
+
+    /// The run's folder, the old dataset key, `[data]`, `[[reward]]` and `[[tool]]`.
+    fn check_files(&self) -> Result<()> {
         if self.output_dir.to_string_lossy().trim().is_empty() {
             return bad(
                 "output_dir",
@@ -108,6 +125,11 @@ impl Recipe {
         }
         super::data::check(&self.data, &self.reward, self.rollout.max_new_tokens)?;
         super::data::check_tools(&self.tool)?;
+        Ok(())
+    }
+
+    /// Group size and every count (at least its minimum, at most `MAX_SIZE`).
+    fn check_counts(&self) -> Result<()> {
         let r = &self.rollout;
         let a = &self.algorithm;
         if r.group_size < 2 && !self.model.critic {
@@ -144,6 +166,13 @@ impl Recipe {
                 return bad(k, format!("must be at most {MAX_SIZE}, got {v}"));
             }
         }
+        Ok(())
+    }
+
+    /// The sampler's settings and sampling-mask replay.
+    fn check_sampling(&self) -> Result<()> {
+        let r = &self.rollout;
+        let a = &self.algorithm;
         if !(r.temperature.is_finite() && r.temperature > 0.0) {
             return bad(
                 "rollout.temperature",
@@ -187,6 +216,13 @@ impl Recipe {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Loss coefficients, the bias-corrected KL and the replayed kept sets' bound.
+    fn check_coefficients(&self) -> Result<()> {
+        let r = &self.rollout;
+        let a = &self.algorithm;
         for (k, v) in [
             ("algorithm.kl_coef", a.kl_coef),
             ("algorithm.entropy_coef", a.entropy_coef),
@@ -235,6 +271,13 @@ impl Recipe {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// Learning rates, Adam, GAE, clip overrides and the schedule's bounds.
+    fn check_optimisation(&self) -> Result<()> {
+        let r = &self.rollout;
+        let a = &self.algorithm;
         for (k, v) in [("optimizer.lr", self.optimizer.lr), ("sft.lr", self.sft.lr)] {
             if !(v.is_finite() && v > 0.0 && v < 1.0) {
                 return bad(k, format!("must be in (0, 1), got {v}"));
@@ -303,6 +346,11 @@ impl Recipe {
                 return bad(k, format!("must be in [0, 1], got {v}"));
             }
         }
+        Ok(())
+    }
+
+    /// LoRA and the architecture of a model trained from scratch.
+    fn check_model(&self) -> Result<()> {
         if self.model.lora.rank > 0 {
             rlft_model::LoraConfig::new(self.model.lora.rank, self.model.lora.alpha)
                 .with_target_modules(self.model.lora.target_modules.clone())
@@ -370,6 +418,11 @@ impl Recipe {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The task, the weak teacher and checkpoint retention.
+    fn check_task(&self) -> Result<()> {
         if !(1..=3).contains(&self.task.difficulty) {
             return bad(
                 "task.difficulty",
@@ -393,6 +446,12 @@ impl Recipe {
         if self.checkpoint.keep == 0 {
             return bad("checkpoint.keep", "must be at least 1".into());
         }
+        Ok(())
+    }
+
+    /// Asynchrony, servers, ranks, devices and the correction's requirements.
+    fn check_placement(&self) -> Result<()> {
+        let a = &self.algorithm;
         if let Err((key, e)) = self.asynchrony.check() {
             return bad(key, e);
         }
