@@ -30,13 +30,9 @@ const LONGER: &[(&str, &str, usize)] = &[
     ("crates/rlft-algo/src/mis.rs", "slime_mis", 199),
     ("crates/rlft-train/src/learn.rs", "update", 191),
     ("crates/rlft-train/src/learn.rs", "rank_gradients", 188),
-    ("crates/rlft-serve/src/generate.rs", "job", 179),
     ("crates/rlft-algo/src/advantage.rs", "compute", 173),
-    ("crates/rlft-train/src/correction.rs", "resolve", 158),
     ("crates/rlft-algo/src/loss/topr.rs", "terms", 139),
-    ("crates/rlft-train/src/prepare.rs", "prepare", 135),
     ("crates/rlft-algo/src/correction/host.rs", "is_weights", 134),
-    ("crates/rlft-rollout/src/dataset/columns.rs", "example", 125),
     (
         "crates/rlft-model/src/config/hf_write.rs",
         "to_hf_json",

@@ -168,6 +168,33 @@ pub fn job(
     policy: &Policy,
     limits: &ServerConfig,
 ) -> Result<Job, ApiError> {
+    refuse_unserved(s)?;
+    let n = checked_size(s, &prompts, max_tokens, policy, limits)?;
+    let cfg = sampling_config(s, max_tokens, policy)?;
+    let kept = s.return_kept_ids.unwrap_or(false);
+    let kept_max = s.kept_ids_max.unwrap_or(DEFAULT_KEPT_IDS_MAX);
+    if kept && !cfg.draws_filtered() {
+        return Err(ApiError::bad(
+            "return_kept_ids",
+            "kept sets exist only when tokens are drawn through a filter: set top_k, top_p or \
+             min_p, at a temperature above 0",
+        ));
+    }
+    if kept_max == 0 {
+        return Err(ApiError::bad("kept_ids_max", "must be at least 1"));
+    }
+    Ok(Job {
+        prompts,
+        n,
+        cfg: cfg.with_kept_ids_max(if kept { kept_max } else { 0 }),
+        kept,
+        routing: s.return_routing.unwrap_or(false),
+    })
+}
+
+/// Refuses the fields whose settings are not served (streaming, penalties, logit bias, a
+/// minimum length), unless given their neutral value.
+fn refuse_unserved(s: &Sampling) -> Result<(), ApiError> {
     if s.stream == Some(true) {
         return Err(ApiError::bad(
             "stream",
@@ -201,6 +228,17 @@ pub fn job(
             "is not served; leave it out or set it to 0",
         ));
     }
+    Ok(())
+}
+
+/// `n`, checked with the request's size against the server's limits and the model's context.
+fn checked_size(
+    s: &Sampling,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    policy: &Policy,
+    limits: &ServerConfig,
+) -> Result<usize, ApiError> {
     let n = s.n.unwrap_or(1);
     if n == 0 || n > limits.max_n {
         return Err(ApiError::bad(
@@ -260,6 +298,15 @@ pub fn job(
             ),
         ));
     }
+    Ok(n)
+}
+
+/// The sampler's settings of the request (temperature, filters, stops, seed), checked.
+fn sampling_config(
+    s: &Sampling,
+    max_tokens: usize,
+    policy: &Policy,
+) -> Result<SamplingConfig, ApiError> {
     let temperature = s.temperature.unwrap_or(1.0);
     if !(temperature.is_finite() && temperature >= 0.0) {
         return Err(ApiError::bad(
@@ -308,7 +355,7 @@ pub fn job(
             ),
         ));
     }
-    let cfg = SamplingConfig::new()
+    Ok(SamplingConfig::new()
         .with_temperature(temperature)
         .with_top_p(top_p)
         .with_top_k(top_k)
@@ -319,26 +366,7 @@ pub fn job(
         .with_stop_token_ids(stop_ids)
         .with_ignore_eos(s.ignore_eos.unwrap_or(false))
         .with_rescore(s.rescore.unwrap_or(false))
-        .with_sample_on(s.sample_on.unwrap_or_default());
-    let kept = s.return_kept_ids.unwrap_or(false);
-    let kept_max = s.kept_ids_max.unwrap_or(DEFAULT_KEPT_IDS_MAX);
-    if kept && !cfg.draws_filtered() {
-        return Err(ApiError::bad(
-            "return_kept_ids",
-            "kept sets exist only when tokens are drawn through a filter: set top_k, top_p or \
-             min_p, at a temperature above 0",
-        ));
-    }
-    if kept_max == 0 {
-        return Err(ApiError::bad("kept_ids_max", "must be at least 1"));
-    }
-    Ok(Job {
-        prompts,
-        n,
-        cfg: cfg.with_kept_ids_max(if kept { kept_max } else { 0 }),
-        kept,
-        routing: s.return_routing.unwrap_or(false),
-    })
+        .with_sample_on(s.sample_on.unwrap_or_default()))
 }
 
 /// Computes `job` on `policy`: one sampler call over every row, prompt-major.

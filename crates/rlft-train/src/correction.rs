@@ -223,6 +223,15 @@ fn bad(key: &str, msg: impl Into<String>) -> TrainError {
 impl CorrectionSection {
     /// The IS / rejection settings, checked: every error names its key and the fix.
     pub fn resolve(&self) -> Result<CorrectionConfig> {
+        self.check_against_mode()?;
+        self.check_masks()?;
+        self.check_prox()?;
+        self.build()
+    }
+
+    /// IS weights and rejection filters need a mode that corrects against μ, and a threshold
+    /// needs what it bounds.
+    fn check_against_mode(&self) -> Result<()> {
         let corrects = matches!(
             self.mode,
             CorrectionMode::Decoupled | CorrectionMode::Bypass
@@ -265,6 +274,11 @@ impl CorrectionSection {
                  (e.g. rejection = [\"token_k1\"]) or remove rejection_threshold",
             ));
         }
+        Ok(())
+    }
+
+    /// Off-policy sequence masking and the step-wide token masks (M2PO, KPop, veto).
+    fn check_masks(&self) -> Result<()> {
         match (self.opsm, self.opsm_delta) {
             (Opsm::Off, Some(_)) => {
                 return Err(bad(
@@ -309,6 +323,11 @@ impl CorrectionSection {
                 "applies with kpop_threshold; set it or remove this",
             ));
         }
+        Ok(())
+    }
+
+    /// The log-linear π_prox and batch normalisation of the IS weights.
+    fn check_prox(&self) -> Result<()> {
         if self.prox == ProxMethod::Loglinear {
             if self.mode != CorrectionMode::Decoupled {
                 return Err(bad(
@@ -339,6 +358,12 @@ impl CorrectionSection {
                 "normalises IS weights: set is_level too, or set it to false",
             ));
         }
+        Ok(())
+    }
+
+    /// The checked settings as a [`CorrectionConfig`] (threshold specs parsed, rejection
+    /// filters built).
+    fn build(&self) -> Result<CorrectionConfig> {
         let mut config = CorrectionConfig::default();
         // Checked even without is_level: a typo must not wait for the day it is used.
         let threshold: IsThreshold = self

@@ -28,13 +28,34 @@ impl Trainer {
         diag: &mut StepDiagnostics,
     ) -> Result<()> {
         let a = &self.recipe.algorithm;
-        let temperature = self.recipe.rollout.temperature;
         let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
         let old_pass = self
             .learner
             .algo
             .offpolicy
             .needs_old_pass(on_policy, off_policy);
+        let (prox, prox_secs) = self.frozen_passes(rows, old_pass)?;
+        // The anchor (π_old, or μ for a cumulative ratio against the behaviour policy) is set
+        // before the advantages, whose KL-in-reward reads it.
+        if old_pass && !self.learner.algo.offpolicy.anchors_at_behaviour() {
+            for (row, p) in rows.iter_mut().zip(&prox) {
+                row.old_lp.clone_from(p);
+            }
+        }
+        self.advantages(rows, group_ids, rewards)?;
+        // After the advantages: rejection masks the loss, it does not move an outcome reward.
+        if old_pass {
+            diag.prox_secs = Some(prox_secs);
+            self.correct_rows(rows, &prox, diag)?;
+        }
+        Ok(())
+    }
+
+    /// The frozen passes over the batch, micro-batch by micro-batch: π_old (returned with its
+    /// seconds, where `old_pass`), the reference's log-probs and the critic's values (into the
+    /// rows).
+    fn frozen_passes(&self, rows: &mut [Row], old_pass: bool) -> Result<(Vec<Vec<f32>>, f64)> {
+        let temperature = self.recipe.rollout.temperature;
         let policy = self.policy().valid();
         let critic = self.models.critic.as_ref().map(|c| c.valid());
         let mut prox: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
@@ -88,14 +109,13 @@ impl Trainer {
                 }
             }
         }
-        // The anchor (π_old, or μ for a cumulative ratio against the behaviour policy) is set
-        // before the advantages, whose KL-in-reward reads it.
-        if old_pass && !self.learner.algo.offpolicy.anchors_at_behaviour() {
-            for (row, p) in rows.iter_mut().zip(&prox) {
-                row.old_lp.clone_from(p);
-            }
-        }
-        // Advantages in the response-aligned layout [N, R_max].
+        Ok((prox, prox_secs))
+    }
+
+    /// Token rewards (the outcome at the last trained token, minus β·KL per token where the KL
+    /// is in the reward) and values in the response-aligned layout `[N, R_max]`, through the
+    /// advantage estimator into each row's advantages and returns.
+    fn advantages(&self, rows: &mut [Row], group_ids: &[u64], rewards: &[f64]) -> Result<()> {
         let beta = self.beta();
         let a = &self.recipe.algorithm;
         let n = rows.len();
@@ -146,11 +166,6 @@ impl Trainer {
             if self.models.critic.is_some() {
                 row.returns = Some(ret[i * rmax..i * rmax + r].to_vec());
             }
-        }
-        // After the advantages: rejection masks the loss, it does not move an outcome reward.
-        if old_pass {
-            diag.prox_secs = Some(prox_secs);
-            self.correct_rows(rows, &prox, diag)?;
         }
         Ok(())
     }

@@ -126,14 +126,59 @@ fn messages(v: &Value, column: &str) -> Result<Vec<ChatMessage>, String> {
         .collect()
 }
 
+/// A row's answer as [`Columns::example`] reads it.
+struct Answer<'a> {
+    /// The column it came from; `Err` with the column looked for (empty: the default names)
+    /// where the row has none.
+    column: Result<&'a str, &'a str>,
+    /// The ground truth (empty for a demonstration without one).
+    truth: String,
+    /// Other acceptable answers.
+    alternatives: Vec<String>,
+}
+
+/// What a row's columns are, for messages.
+fn columns_of(row: &Map<String, Value>) -> String {
+    let names: Vec<&str> = row.keys().map(String::as_str).collect();
+    format!("the row has columns: {}", names.join(", "))
+}
+
 impl Columns {
     /// The example in `row`, or what is wrong with it (naming the column).
     pub fn example(&self, row: &Map<String, Value>, role: DataRole) -> Result<Example, String> {
-        let columns = || {
-            let names: Vec<&str> = row.keys().map(String::as_str).collect();
-            format!("the row has columns: {}", names.join(", "))
-        };
-        // Prompt.
+        let (prompt_col, prompt) = self.prompt(row)?;
+        let Answer {
+            column: answer_col,
+            truth: answer,
+            alternatives,
+        } = self.answer(row, role)?;
+        let (completion_col, completion) = self.completion(row, role)?;
+        // Everything else is metadata.
+        let used = [
+            Some(prompt_col),
+            answer_col.ok(),
+            completion.is_some().then_some(completion_col),
+        ];
+        let top = |c: &str| c.split('.').next().unwrap_or(c).to_string();
+        let used: Vec<String> = used.into_iter().flatten().map(top).collect();
+        let metadata: Map<String, Value> = row
+            .iter()
+            .filter(|(k, _)| !used.contains(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Ok(Example {
+            prompt,
+            answer,
+            alternatives,
+            completion,
+            metadata: Value::Object(metadata),
+        })
+    }
+
+    /// The prompt's column and the prompt: `data.prompt_column`, else the one of "prompt" and
+    /// "messages" the row has.
+    fn prompt<'a>(&'a self, row: &Map<String, Value>) -> Result<(&'a str, Prompt), String> {
+        let columns = || columns_of(row);
         let prompt_col = match &self.prompt {
             Some(c) => {
                 if lookup(row, c).is_none() {
@@ -177,7 +222,18 @@ impl Columns {
             }
             None => unreachable!("checked above"),
         };
-        // Answer.
+        Ok((prompt_col, prompt))
+    }
+
+    /// The answer's column (`Err` with the column looked for, empty for the default names,
+    /// where the row has none), the ground truth and its alternatives. Demonstrations need no
+    /// answer.
+    fn answer<'a>(
+        &'a self,
+        row: &Map<String, Value>,
+        role: DataRole,
+    ) -> Result<Answer<'a>, String> {
+        let columns = || columns_of(row);
         let answer_col = match &self.answer {
             Some(c) => lookup(row, c).map(|_| c.as_str()).ok_or(c.as_str()),
             None => ANSWER_COLUMNS
@@ -206,7 +262,21 @@ impl Columns {
                 ));
             }
         };
-        // Completion.
+        Ok(Answer {
+            column: answer_col,
+            truth: answer,
+            alternatives,
+        })
+    }
+
+    /// The completion's column and the completion (required of demonstrations), a string or
+    /// messages joined.
+    fn completion<'a>(
+        &'a self,
+        row: &Map<String, Value>,
+        role: DataRole,
+    ) -> Result<(&'a str, Option<String>), String> {
+        let columns = || columns_of(row);
         let completion_col = self.completion.as_deref().unwrap_or(COMPLETION_COLUMN);
         let completion = match lookup(row, completion_col) {
             None if role == DataRole::Demonstrations => {
@@ -232,26 +302,7 @@ impl Columns {
                 ));
             }
         };
-        // Everything else is metadata.
-        let used = [
-            Some(prompt_col),
-            answer_col.ok(),
-            completion.is_some().then_some(completion_col),
-        ];
-        let top = |c: &str| c.split('.').next().unwrap_or(c).to_string();
-        let used: Vec<String> = used.into_iter().flatten().map(top).collect();
-        let metadata: Map<String, Value> = row
-            .iter()
-            .filter(|(k, _)| !used.contains(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        Ok(Example {
-            prompt,
-            answer,
-            alternatives,
-            completion,
-            metadata: Value::Object(metadata),
-        })
+        Ok((completion_col, completion))
     }
 }
 
