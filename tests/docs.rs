@@ -15,11 +15,12 @@ fn pages() -> Vec<PathBuf> {
     v
 }
 
-/// The targets of inline links `[text](target)` outside code spans and fenced blocks.
-fn link_targets(text: &str) -> Vec<String> {
+/// The lines of a Markdown text outside fenced code blocks, numbered from 1, each with its
+/// inline code spans removed.
+fn outside_code(text: &str) -> Vec<(usize, &str, String)> {
     let mut out = Vec::new();
     let mut fenced = false;
-    for line in text.lines() {
+    for (n, line) in text.lines().enumerate() {
         if line.trim_start().starts_with("```") {
             fenced = !fenced;
             continue;
@@ -27,7 +28,6 @@ fn link_targets(text: &str) -> Vec<String> {
         if fenced {
             continue;
         }
-        // Drop code spans: a `[x](y)` inside backticks is not a link.
         let plain: String = line
             .split('`')
             .enumerate()
@@ -35,6 +35,16 @@ fn link_targets(text: &str) -> Vec<String> {
             .map(|(_, s)| s)
             .collect::<Vec<_>>()
             .join(" ");
+        out.push((n + 1, line, plain));
+    }
+    out
+}
+
+/// The targets of inline links `[text](target)` outside code spans and fenced blocks.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    // Code spans dropped: a `[x](y)` inside backticks is not a link.
+    for (_, _, plain) in outside_code(text) {
         let mut rest = plain.as_str();
         while let Some(i) = rest.find("](") {
             rest = &rest[i + 2..];
@@ -120,23 +130,10 @@ fn documents_describe_the_product_not_its_making() {
 fn notebook_wording(text: &str) -> Vec<(usize, String)> {
     const PHRASES: [&str; 4] = ["this change", "that change", "previous stop", "earlier run"];
     let mut out = Vec::new();
-    let mut fenced = false;
-    for (n, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
+    for (n, line, prose) in outside_code(text) {
+        if line.trim_start().starts_with('|') {
             continue;
         }
-        if fenced || line.trim_start().starts_with('|') {
-            continue;
-        }
-        // Inline code spans out.
-        let prose: String = line
-            .split('`')
-            .enumerate()
-            .filter(|(i, _)| i % 2 == 0)
-            .map(|(_, s)| s)
-            .collect::<Vec<_>>()
-            .join(" ");
         let lower = prose.to_lowercase();
         let phrase = PHRASES.iter().find(|p| lower.contains(*p));
         let hash = lower.split(|c: char| !c.is_ascii_alphanumeric()).find(|w| {
@@ -146,7 +143,7 @@ fn notebook_wording(text: &str) -> Vec<(usize, String)> {
                 && w.chars().any(|c| c.is_ascii_alphabetic())
         });
         if let Some(what) = phrase.map(|p| p.to_string()).or(hash.map(String::from)) {
-            out.push((n + 1, what));
+            out.push((n, what));
         }
     }
     out
