@@ -15,7 +15,9 @@ use rlft::burn::optim::AdamWConfig;
 use rlft::burn::tensor::{DType, Device};
 use rlft::cli::Args;
 use rlft::model::{Pretrained, Tokenizer, TransformerConfig};
-use rlft::rollout::{LengthPenalty, RolloutConfig, SamplingConfig, Split, Task, TaskKind, rollout};
+use rlft::rollout::{
+    LengthPenalty, RolloutConfig, RolloutSetup, SamplingConfig, Split, Task, TaskKind, rollout,
+};
 use rlft::train::learner::{LearnerInputs, LossOut, chunked_backward};
 
 /// rlft's allocator (mimalloc, freed memory kept): `rlft::alloc`.
@@ -57,16 +59,14 @@ fn run(args: Args) -> Result<Vec<f32>> {
     for step in 1..=steps {
         // The sampler takes the frozen policy (`valid()`); μ is recorded at temperature 1.0.
         let chunk = &prompts[(step - 1) * 4 % 60..][..4];
-        let batch = rollout(
-            &policy.valid(),
-            &tokenizer,
-            chunk,
-            task.environment().as_ref(),
-            &rewards,
-            &cfg,
-            step as u64,
-            step as u64,
-        )?;
+        let env = task.environment();
+        let setup = RolloutSetup {
+            tokenizer: &tokenizer,
+            env: env.as_ref(),
+            rewards: &rewards,
+            cfg: &cfg,
+        };
+        let batch = rollout(&policy.valid(), setup, chunk, step as u64, step as u64)?;
         let pad = i64::from(tokenizer.padding_id());
         let inputs = LearnerInputs::from_groups(&batch.groups, pad, &device);
         if inputs.rewards.is_empty() {

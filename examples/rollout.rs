@@ -13,7 +13,7 @@ mod common;
 
 use anyhow::Result;
 use rlft::cli::Args;
-use rlft::rollout::{RolloutConfig, SamplingConfig, Split, Task, TaskKind, rollout};
+use rlft::rollout::{RolloutConfig, RolloutSetup, SamplingConfig, Split, Task, TaskKind, rollout};
 
 fn main() -> Result<()> {
     let args = Args::parse(&[
@@ -49,16 +49,14 @@ fn main() -> Result<()> {
         .with_max_prompt_len(256)
         .with_max_total_tokens(max_new * 4);
     let env = task.environment();
-    let batch = rollout(
-        &p.model,
-        &p.tokenizer,
-        &examples,
-        env.as_ref(),
-        &task.rewards(),
-        &cfg,
-        0,
-        seed,
-    )?;
+    let rewards = task.rewards();
+    let setup = RolloutSetup {
+        tokenizer: &p.tokenizer,
+        env: env.as_ref(),
+        rewards: &rewards,
+        cfg: &cfg,
+    };
+    let batch = rollout(&p.model, setup, &examples, 0, seed)?;
     for (g, group) in batch.groups.iter().enumerate() {
         println!(
             "== group {g}: {:?} (answer {})",

@@ -26,7 +26,7 @@ const LONGER: &[(&str, &str, usize)] = &[
         "config_json",
         242,
     ),
-    ("crates/rlft-rollout/src/rollout.rs", "rollout_with", 225),
+    ("crates/rlft-rollout/src/rollout.rs", "rollout_with", 211),
     ("crates/rlft-algo/src/mis.rs", "slime_mis", 199),
     ("crates/rlft-train/src/learn.rs", "update", 191),
     ("crates/rlft-train/src/learn.rs", "rank_gradients", 188),

@@ -17,6 +17,14 @@ pub use writer::GgufWriter;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// A GGUF header as read: the version, the metadata and the tensor table.
+type Parsed = (
+    u32,
+    BTreeMap<String, GgufValue>,
+    BTreeMap<String, GgufTensorInfo>,
+);
+
 /// Upper bound on element counts in metadata arrays and directories, far above any real model
 /// (the largest vocabularies have ~256k entries), so corrupt counts fail before allocating.
 const MAX_COUNT: u64 = 1 << 24;
@@ -218,17 +226,7 @@ impl GgufFile {
         })
     }
 
-    #[allow(clippy::type_complexity)]
-    fn parse(
-        buf: &[u8],
-    ) -> std::result::Result<
-        (
-            u32,
-            BTreeMap<String, GgufValue>,
-            BTreeMap<String, GgufTensorInfo>,
-        ),
-        String,
-    > {
+    fn parse(buf: &[u8]) -> std::result::Result<Parsed, String> {
         let mut r = Reader { buf, pos: 0 };
         if r.take(4)
             .map_err(|_| "not a GGUF file (too short)".to_string())?

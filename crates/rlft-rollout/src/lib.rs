@@ -31,7 +31,8 @@ pub use reward::{
     Reward, RewardInput, RewardOutcome, RewardSet,
 };
 pub use rollout::{
-    Group, RolloutBatch, RolloutConfig, Trajectory, rollout, rollout_updating, rollout_with,
+    Group, RolloutBatch, RolloutConfig, RolloutSetup, Trajectory, rollout, rollout_updating,
+    rollout_with,
 };
 pub use sampler::{
     Completion, Draw, FinishReason, KvOnUpdate, SampleOn, Sampler, SamplingConfig, Updated,

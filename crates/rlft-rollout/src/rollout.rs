@@ -172,6 +172,43 @@ struct Episode {
     state: serde_json::Value,
 }
 
+impl Episode {
+    /// A new episode of group `group` on the prompt `ids`.
+    fn new(group: usize, ids: &[u32]) -> Self {
+        Self {
+            group,
+            prompt_len: ids.len(),
+            context: ids.to_vec(),
+            loss_mask: Vec::new(),
+            logprobs: Vec::new(),
+            filter_log_mass: 0.0,
+            kept_ids: Vec::new(),
+            routing: None,
+            versions: Vec::new(),
+            finish: FinishReason::Length,
+            truncated: false,
+            done: false,
+            turns: 0,
+            turn_start: ids.len(),
+            state: serde_json::Value::Null,
+        }
+    }
+}
+
+/// What a rollout samples with and scores by, besides the policy: the tokenizer, the
+/// environment between turns, the reward terms and the settings.
+#[derive(Clone, Copy)]
+pub struct RolloutSetup<'a> {
+    /// The policy's tokenizer.
+    pub tokenizer: &'a Tokenizer,
+    /// The environment (single-turn, tools, a task's own).
+    pub env: &'a dyn Environment,
+    /// The reward terms.
+    pub rewards: &'a RewardSet,
+    /// Group size, turns, token budgets, sampling.
+    pub cfg: &'a RolloutConfig,
+}
+
 /// Generates G responses for each example, runs the environment between turns and scores the
 /// results. `version` stamps the trajectories; `seed` makes the batch reproducible.
 ///
@@ -179,20 +216,14 @@ struct Episode {
 ///
 /// A bad setting or prompt, a tokenizer error, or [`RolloutError::WorkersStuck`] when every
 /// reward or tool worker is stuck in a function that never returns.
-#[allow(clippy::too_many_arguments)]
 pub fn rollout(
     model: &Transformer,
-    tokenizer: &Tokenizer,
+    setup: RolloutSetup<'_>,
     examples: &[Example],
-    env: &dyn Environment,
-    rewards: &RewardSet,
-    cfg: &RolloutConfig,
     version: u64,
     seed: u64,
 ) -> Result<RolloutBatch> {
-    rollout_updating(
-        model, tokenizer, examples, env, rewards, cfg, version, seed, None,
-    )
+    rollout_updating(model, setup, examples, version, seed, None)
 }
 
 /// As [`rollout`], with interruptible generation: `poll` is asked for new weights before every
@@ -202,29 +233,16 @@ pub fn rollout(
 ///
 /// # Errors
 /// As [`rollout`].
-#[allow(clippy::too_many_arguments)]
 pub fn rollout_updating(
     model: &Transformer,
-    tokenizer: &Tokenizer,
+    setup: RolloutSetup<'_>,
     examples: &[Example],
-    env: &dyn Environment,
-    rewards: &RewardSet,
-    cfg: &RolloutConfig,
     version: u64,
     seed: u64,
     updates: Option<&mut Updates<'_>>,
 ) -> Result<RolloutBatch> {
-    let mut generator = InProcess::new(model, tokenizer, version, updates);
-    rollout_with(
-        &mut generator,
-        tokenizer,
-        examples,
-        env,
-        rewards,
-        cfg,
-        version,
-        seed,
-    )
+    let mut generator = InProcess::new(model, setup.tokenizer, version, updates);
+    rollout_with(&mut generator, setup, examples, version, seed)
 }
 
 /// As [`rollout`], with every sampler call made by `generator` (in this process or on an
@@ -235,14 +253,15 @@ pub fn rollout_updating(
 ///
 /// # Errors
 /// As [`rollout`], and the generator's own errors.
-#[allow(clippy::too_many_arguments)]
 pub fn rollout_with(
     generator: &mut dyn Generator,
-    tokenizer: &Tokenizer,
+    RolloutSetup {
+        tokenizer,
+        env,
+        rewards,
+        cfg,
+    }: RolloutSetup<'_>,
     examples: &[Example],
-    env: &dyn Environment,
-    rewards: &RewardSet,
-    cfg: &RolloutConfig,
     version: u64,
     seed: u64,
 ) -> Result<RolloutBatch> {
@@ -264,23 +283,7 @@ pub fn rollout_with(
             continue;
         }
         for _ in 0..cfg.group_size {
-            episodes.push(Episode {
-                group: kept.len(),
-                prompt_len: ids.len(),
-                context: ids.clone(),
-                loss_mask: Vec::new(),
-                logprobs: Vec::new(),
-                filter_log_mass: 0.0,
-                kept_ids: Vec::new(),
-                routing: None,
-                versions: Vec::new(),
-                finish: FinishReason::Length,
-                truncated: false,
-                done: false,
-                turns: 0,
-                turn_start: ids.len(),
-                state: serde_json::Value::Null,
-            });
+            episodes.push(Episode::new(kept.len(), &ids));
         }
         kept.push(ex.clone());
     }

@@ -7,7 +7,7 @@ use rlft_algo::logprobs_from_logits;
 use rlft_model::{ForwardInput, Pretrained};
 use rlft_rollout::{
     EnvStep, Environment, Example, FinishReason, KvOnUpdate, LearnerBatch, Prompt, RewardSet,
-    RolloutConfig, SampleOn, Sampler, SamplingConfig, Updates, WeightUpdate, rollout,
+    RolloutConfig, RolloutSetup, SampleOn, Sampler, SamplingConfig, Updates, WeightUpdate, rollout,
 };
 use std::path::{Path, PathBuf};
 
@@ -265,17 +265,14 @@ fn observations_stay_out_of_the_loss_mask() {
             metadata: serde_json::Value::Null,
         },
     ];
-    let batch = rollout(
-        &p.model,
-        &p.tokenizer,
-        &examples,
-        &Echo,
-        &RewardSet::new(),
-        &cfg,
-        7,
-        1,
-    )
-    .unwrap();
+    let rewards = RewardSet::new();
+    let setup = RolloutSetup {
+        tokenizer: &p.tokenizer,
+        env: &Echo,
+        rewards: &rewards,
+        cfg: &cfg,
+    };
+    let batch = rollout(&p.model, setup, &examples, 7, 1).unwrap();
     assert_eq!(batch.skipped_prompts, 1);
     assert_eq!(batch.groups.len(), 1);
     let obs = p.tokenizer.encode(" [obs] ").unwrap();

@@ -7,7 +7,7 @@ use crate::rollout_side::collect::rollout_config;
 use crate::score::{is_correct, mean_std};
 use crate::trainer::Trainer;
 use burn::module::Module;
-use rlft_rollout::{SamplingConfig, rollout};
+use rlft_rollout::{RolloutSetup, SamplingConfig, rollout};
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -24,13 +24,16 @@ impl Trainer {
         let mut out = Vec::with_capacity(self.eval_set.len());
         for chunk in self.eval_set.chunks(32) {
             let cfg = rollout_config(&self.recipe, group, sampling.clone());
+            let setup = RolloutSetup {
+                tokenizer: &self.tokenizer,
+                env: self.side.env.as_ref(),
+                rewards: &self.side.rewards,
+                cfg: &cfg,
+            };
             let b = rollout(
                 &model,
-                &self.tokenizer,
+                setup,
                 chunk,
-                self.side.env.as_ref(),
-                &self.side.rewards,
-                &cfg,
                 step as u64,
                 self.recipe.seed ^ 0xE7A1 ^ (step as u64) << 20,
             )?;

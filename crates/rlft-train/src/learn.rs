@@ -25,9 +25,8 @@ use rlft_model::{Transformer, ValueModel};
 use rlft_rollout::{LearnerBatch, RoutingStats};
 
 impl Trainer {
-    /// `ppo_epochs` × `mini_batches` optimiser steps. Returns (clip low, clip high, kl, entropy,
-    /// grad norm, value loss, skipped).
-    #[allow(clippy::type_complexity)]
+    /// `ppo_epochs` × `mini_batches` optimiser steps; returns their statistics (clip fractions,
+    /// KL, entropy, gradient norm, value loss, whether the step was skipped).
     pub(crate) fn update(
         &mut self,
         rows: &[Row],

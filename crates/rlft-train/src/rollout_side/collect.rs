@@ -10,7 +10,7 @@ use crate::rollout_side::servers::Fleet;
 use rlft_model::{Tokenizer, Transformer};
 use rlft_rollout::{
     Dataset, Environment, Example, Generator, Group, InProcess, KvOnUpdate, RewardSet,
-    RolloutConfig, SamplingConfig, Updates, WeightUpdate, rollout_with,
+    RolloutConfig, RolloutSetup, SamplingConfig, Updates, WeightUpdate, rollout_with,
 };
 use std::sync::Arc;
 
@@ -176,16 +176,13 @@ impl RolloutSide {
                     &mut in_process
                 }
             };
-            let b = rollout_with(
-                generator,
-                &self.tokenizer,
-                &examples,
-                self.env.as_ref(),
-                &self.rewards,
-                &self.config,
-                v,
-                seed,
-            )?;
+            let setup = RolloutSetup {
+                tokenizer: &self.tokenizer,
+                env: self.env.as_ref(),
+                rewards: &self.rewards,
+                cfg: &self.config,
+            };
+            let b = rollout_with(generator, setup, &examples, v, seed)?;
             if seen.is_some() {
                 latest = seen;
             }

@@ -60,13 +60,14 @@ impl Generator for FleetGenerator<'_> {
                 Err(e) if e.is_server_fault() => {
                     let why = e.to_string();
                     fleet.record(
-                        k,
-                        client.url(),
+                        (k, client.url()),
                         span,
                         &call,
-                        self.version,
-                        0,
-                        format!("requeued: {why}"),
+                        Answered {
+                            version: self.version,
+                            tokens: 0,
+                            outcome: format!("requeued: {why}"),
+                        },
                     );
                     lock(&fleet.stats).requeued += 1;
                     fleet.down(k, &why);
@@ -87,13 +88,14 @@ impl Generator for FleetGenerator<'_> {
                 self.version = self.version.max(newest);
             }
             fleet.record(
-                k,
-                client.url(),
+                (k, client.url()),
                 span,
                 &call,
-                newest.unwrap_or(self.version),
-                tokens,
-                "ok".into(),
+                Answered {
+                    version: newest.unwrap_or(self.version),
+                    tokens,
+                    outcome: "ok".into(),
+                },
             );
             let mut st = lock(&fleet.stats);
             st.requests += 1;
@@ -118,19 +120,24 @@ struct Call<'c> {
     groups: &'c [usize],
 }
 
+/// How a request ended, for the timeline.
+struct Answered {
+    /// The newest weight version among its tokens (the call's, when none came back).
+    version: u64,
+    /// Tokens it brought back.
+    tokens: usize,
+    /// `ok`, or `requeued: why`.
+    outcome: String,
+}
+
 impl Fleet {
-    /// Records a request in the timeline.
-    #[allow(clippy::too_many_arguments)]
-    fn record(
-        &self,
-        k: usize,
-        url: &str,
-        span: (Instant, Instant),
-        call: &Call,
-        version: u64,
-        tokens: usize,
-        outcome: String,
-    ) {
+    /// Records a request to server `k` at `url` in the timeline.
+    fn record(&self, (k, url): (usize, &str), span: (Instant, Instant), call: &Call, a: Answered) {
+        let Answered {
+            version,
+            tokens,
+            outcome,
+        } = a;
         let Some(t) = self
             .timeline
             .read()
