@@ -20,6 +20,10 @@ use rlft::train::launch::{self, TrainCommand};
 use rlft::train::recipe::reference;
 use serde::{Deserialize, Serialize};
 
+/// rlft's allocator (mimalloc, freed memory kept): `rlft::alloc`.
+#[global_allocator]
+static GLOBAL: rlft::alloc::Allocator = rlft::alloc::Allocator;
+
 /// `[algorithm.clamped_is_pg]`: where the importance weight is clamped.
 #[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

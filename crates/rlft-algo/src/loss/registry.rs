@@ -296,11 +296,7 @@ impl LossRegistry {
                 key: String::new(),
                 message: format!("loss '{name}' has no settings of its own"),
             }),
-            (Registered::Configurable(c), v) => c.build(v).map_err(|e| AlgoError::LossSetting {
-                section: c.section().to_string(),
-                key: e.key,
-                message: e.message,
-            }),
+            (Registered::Configurable(c), v) => c.build(v).map_err(|e| e.in_section(c.section())),
         }
     }
 
@@ -320,10 +316,7 @@ impl LossRegistry {
     /// Every settings table a registered loss reads, sorted by name.
     pub fn sections(&self) -> Vec<LossSection> {
         let mut out: BTreeMap<&str, LossSection> = BTreeMap::new();
-        for (name, preset) in &self.presets {
-            let Some(Registered::Configurable(c)) = self.losses.get(&preset.loss) else {
-                continue;
-            };
+        for (name, c) in self.configurable() {
             out.entry(c.section())
                 .or_insert_with(|| LossSection {
                     name: c.section().to_string(),
@@ -332,9 +325,28 @@ impl LossRegistry {
                     defaults: c.defaults(),
                 })
                 .read_by
-                .push(name.clone());
+                .push(name.to_string());
         }
         out.into_values().collect()
+    }
+
+    /// The names (losses and presets) whose loss reads the table `[algorithm.<section>]`,
+    /// sorted; empty when no registered loss reads it.
+    pub fn readers(&self, section: &str) -> Vec<String> {
+        self.configurable()
+            .filter(|(_, c)| c.section() == section)
+            .map(|(name, _)| name.to_string())
+            .collect()
+    }
+
+    /// Every name (loss or preset, sorted) whose loss has settings, with them.
+    fn configurable(&self) -> impl Iterator<Item = (&str, &Arc<dyn Configurable>)> {
+        self.presets
+            .iter()
+            .filter_map(|(name, preset)| match self.losses.get(&preset.loss) {
+                Some(Registered::Configurable(c)) => Some((name.as_str(), c)),
+                _ => None,
+            })
     }
 
     /// Reads and range-checks a `[algorithm.<section>]` table, whichever loss reads it.
@@ -353,11 +365,7 @@ impl LossRegistry {
                 known: self.sections().into_iter().map(|s| s.name).collect(),
             });
         };
-        c.check(settings).map_err(|e| AlgoError::LossSetting {
-            section: section.to_string(),
-            key: e.key,
-            message: e.message,
-        })
+        c.check(settings).map_err(|e| e.in_section(section))
     }
 
     fn registered(&self, loss: &str) -> Result<&Registered> {

@@ -1,13 +1,14 @@
 //! A loss's own settings: the `[algorithm.<section>]` table of a recipe, declared by the loss as
 //! a serde type with its defaults and range checks beside it.
 //!
-//! A loss with settings is registered with [`LossRegistry::register_with_settings`]
-//! (crate::loss::LossRegistry::register_with_settings): the registry then knows the settings'
-//! section, schema and defaults, checks a recipe's table against them and builds the loss from
-//! it. Settings travel as JSON values (what a recipe's TOML is merged into), so the registry
+//! A loss with settings is registered with
+//! [`LossRegistry::register_with_settings`](crate::loss::LossRegistry::register_with_settings):
+//! the registry then knows the settings' section, schema and defaults, checks a recipe's table
+//! against them and builds the loss from it. Settings travel as JSON values (what a recipe's TOML is merged into), so the registry
 //! stays independent of any file format.
 
 use super::PolicyLoss;
+use crate::AlgoError;
 use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -53,6 +54,15 @@ impl SettingError {
         Self {
             key: key.into(),
             message: message.into(),
+        }
+    }
+
+    /// The error as rlft-algo reports it, naming the settings' `section`.
+    pub fn in_section(self, section: &str) -> AlgoError {
+        AlgoError::LossSetting {
+            section: section.to_string(),
+            key: self.key,
+            message: self.message,
         }
     }
 

@@ -60,7 +60,7 @@ impl Recipe {
 
     /// The default recipe as JSON with the default tables of `registry`'s losses under
     /// `algorithm`: every key a recipe may set.
-    pub(crate) fn key_schema(registry: &LossRegistry) -> Result<serde_json::Value> {
+    fn key_schema(registry: &LossRegistry) -> Result<serde_json::Value> {
         let mut schema = serde_json::to_value(Recipe::default())?;
         if let Some(a) = schema.get_mut("algorithm").and_then(|a| a.as_object_mut()) {
             for s in registry.sections() {

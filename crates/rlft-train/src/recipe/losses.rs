@@ -51,7 +51,7 @@ pub(crate) fn check_tables(a: &AlgorithmSection, registry: &LossRegistry) -> Res
                 "unknown key 'algorithm.{section}' (a value, not a loss's settings table)"
             )));
         }
-        if !registry.sections().iter().any(|s| s.name == *section) {
+        if registry.readers(section).is_empty() {
             return Err(unknown_section(section, registry));
         }
         registry
@@ -75,12 +75,7 @@ pub(crate) fn build_policy(
         if Some(section.as_str()) == own {
             continue;
         }
-        let readers = registry
-            .sections()
-            .into_iter()
-            .find(|s| s.name == *section)
-            .map(|s| s.read_by)
-            .unwrap_or_default();
+        let readers = registry.readers(section);
         let key = match table.as_object().and_then(|t| t.keys().next()) {
             Some(k) => format!("algorithm.{section}.{k}"),
             None => format!("algorithm.{section}"),

@@ -28,13 +28,13 @@ use burn::module::Module;
 use burn::tensor::Device;
 use rlft_model::{Tokenizer, Transformer, TransformerConfig};
 use rlft_serve::{Client, Policy, Server, ServerConfig};
-
-mod generator;
-pub use generator::FleetGenerator;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
+
+mod generator;
+pub use generator::FleetGenerator;
 
 /// What the fleet did since the last report (`server/*` metrics).
 #[derive(Debug, Clone, Default, PartialEq)]
