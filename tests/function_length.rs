@@ -19,13 +19,7 @@ const MAX_LINES: usize = 100;
 /// `(file, function, lines)`: the functions over [`MAX_LINES`] still to split, at most as long
 /// as given.
 const LONGER: &[(&str, &str, usize)] = &[
-    ("crates/rlft-model/src/config/hf.rs", "from_hf_json", 336),
     ("crates/rlft-rollout/src/sampler.rs", "run", 287),
-    (
-        "crates/rlft-model/src/load/gguf/family.rs",
-        "config_json",
-        242,
-    ),
     ("crates/rlft-rollout/src/rollout.rs", "rollout_with", 211),
     ("crates/rlft-algo/src/mis.rs", "slime_mis", 199),
     ("crates/rlft-train/src/learn.rs", "update", 191),
@@ -33,11 +27,6 @@ const LONGER: &[(&str, &str, usize)] = &[
     ("crates/rlft-algo/src/advantage.rs", "compute", 173),
     ("crates/rlft-algo/src/loss/topr.rs", "terms", 139),
     ("crates/rlft-algo/src/correction/host.rs", "is_weights", 134),
-    (
-        "crates/rlft-model/src/config/hf_write.rs",
-        "to_hf_json",
-        121,
-    ),
     ("crates/rlft-model/src/tokenizer.rs", "from_gguf", 113),
     ("crates/rlft-algo/src/loss/output.rs", "finish", 113),
     ("crates/rlft-train/src/learner.rs", "chunked_backward", 110),

@@ -8,6 +8,9 @@
 //! re-exports (`use crate::Transformer`) counts as an import of the module it comes from.
 //! Comments (doc comments too) and string and character literals are skipped. A file
 //! `crates/c/src/foo/bar.rs` belongs to the top-level module `foo`.
+//!
+//! And a model family's names (`model_type`s, GGUF architectures) appear as string literals
+//! only in the families folder: everything else asks the family.
 
 mod common;
 
@@ -60,6 +63,20 @@ fn no_source_file_is_over_700_lines() {
 /// Comments, whitespace and the contents of string, byte-string, raw-string and character
 /// literals are dropped (a literal leaves a `"` token behind); lifetimes are dropped too.
 fn tokens(src: &str) -> Vec<String> {
+    lex(src, false)
+}
+
+/// The source text of every string literal (plain, byte or raw) outside comments.
+fn string_literals(src: &str) -> Vec<String> {
+    lex(src, true)
+        .into_iter()
+        .filter_map(|t| t.strip_prefix('"').map(str::to_string))
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// [`tokens`], a string literal's token followed by its source text when `keep_strings`.
+fn lex(src: &str, keep_strings: bool) -> Vec<String> {
     let c: Vec<char> = src.chars().collect();
     let mut out = Vec::new();
     let mut i = 0;
@@ -91,14 +108,23 @@ fn tokens(src: &str) -> Vec<String> {
                 }
             }
         } else if let Some(end) = raw_string_end(&c, i) {
-            out.push("\"".to_string());
+            let text: String = c[i..end.min(c.len())].iter().collect();
+            out.push(format!(
+                "\"{}",
+                if keep_strings { text.as_str() } else { "" }
+            ));
             i = end;
         } else if ch == '"' || (ch == 'b' && next == Some('"')) {
             i += if ch == 'b' { 2 } else { 1 };
+            let start = i;
             while i < c.len() && c[i] != '"' {
                 i += if c[i] == '\\' { 2 } else { 1 };
             }
-            out.push("\"".to_string());
+            let text: String = c[start..i.min(c.len())].iter().collect();
+            out.push(format!(
+                "\"{}",
+                if keep_strings { text.as_str() } else { "" }
+            ));
             i += 1;
         } else if ch == '\'' || (ch == 'b' && next == Some('\'')) {
             let start = if ch == 'b' { i + 1 } else { i };
@@ -427,6 +453,62 @@ fn no_two_modules_import_each_other() {
          third module):\n  {}",
         found.join("\n  ")
     );
+}
+
+/// Whether the source text of a string literal names `name` as a whole: the literal is the
+/// name, or quotes it (JSON in a raw string, `\"name\"` in a plain one).
+fn names(literal: &str, name: &str) -> bool {
+    literal == name
+        || literal.contains(&format!("\"{name}\""))
+        || literal.contains(&format!("\\\"{name}\\\""))
+}
+
+/// A model family's names are spelled only in its own module: outside `families` folders no
+/// string literal is a family's `model_type` (any spelling) or GGUF architecture.
+#[test]
+fn family_names_are_spelled_only_in_the_families_folder() {
+    use rlft_model::families::{FAMILIES, gguf_architectures, model_types};
+    let mut spellings: BTreeSet<&str> = model_types().into_iter().collect();
+    spellings.extend(gguf_architectures());
+    assert!(spellings.len() >= FAMILIES.len());
+    let mut found = Vec::new();
+    for src in crate_sources() {
+        for f in common::files(&src, &["rs"]) {
+            if f.components().any(|c| c.as_os_str() == "families") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).expect("UTF-8 source");
+            for lit in string_literals(&text) {
+                for name in spellings.iter().filter(|n| names(&lit, n)) {
+                    found.push(format!("{}: \"{name}\" in {lit:?}", relative(&f)));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "family names outside the families folder (ask the family instead: \
+         rlft_model::families):\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_literal_reader_finds_names_in_strings_and_not_in_comments() {
+    let src = r##"
+        // "llama" in a comment
+        /// "qwen2" in a doc comment
+        let a = "mistral";
+        let b = r#"{"model_type":"olmo2"}"#;
+        let c = "{\"model_type\":\"phi3\"}";
+        let d = "llama3 is a RoPE type";
+    "##;
+    let lits = string_literals(src);
+    let hits: Vec<&str> = ["llama", "qwen2", "mistral", "olmo2", "phi3"]
+        .into_iter()
+        .filter(|n| lits.iter().any(|l| names(l, n)))
+        .collect();
+    assert_eq!(hits, ["mistral", "olmo2", "phi3"]);
 }
 
 #[test]

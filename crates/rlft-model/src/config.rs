@@ -2,13 +2,19 @@
 //! Mistral, Qwen2, Qwen3, SmolLM/SmolLM2), Gemma 2/3, Phi-3/Phi-4-mini, OLMo 2, Granite, and the
 //! mixtures of experts Qwen3-MoE and Mixtral.
 
-mod family;
+pub mod families;
+mod gguf_keys;
 mod hf;
 mod hf_keys;
 mod hf_write;
+mod parts;
 
 use burn::config::Config;
-pub use family::{Activation, LayerType, MoeConfig, NormPlacement, WeightLayout};
+use families::Family;
+pub use gguf_keys::GgufKeys;
+pub(crate) use hf::MAX_LAYERS;
+pub use hf_keys::ConfigKeys;
+pub use parts::{Activation, LayerType, MoeConfig, NormPlacement, WeightLayout};
 
 /// Llama 3 RoPE frequency scaling (`rope_type = "llama3"`).
 #[derive(Config, Debug, PartialEq)]
@@ -26,8 +32,8 @@ pub struct Llama3RopeScaling {
 /// The resolved architecture of a decoder-only transformer.
 #[derive(Config, Debug, PartialEq)]
 pub struct TransformerConfig {
-    /// HF `model_type` written on export (`llama`, `mistral`, `qwen2`, `qwen3`, ...).
-    #[config(default = "String::from(\"llama\")")]
+    /// HF `model_type`, which names the family ([`crate::families`]): Llama's by default.
+    #[config(default = "families::default_family().model_type().to_string()")]
     pub model_type: String,
     /// Vocabulary size.
     pub vocab_size: usize,
@@ -111,13 +117,20 @@ pub struct TransformerConfig {
 }
 
 impl TransformerConfig {
+    /// The family `model_type` names; Llama's for a `model_type` that names none (a
+    /// configuration built in code).
+    pub fn family(&self) -> &'static dyn Family {
+        families::by_model_type(&self.model_type).unwrap_or(families::default_family())
+    }
+
+    /// This configuration as the family `family` (its `model_type`).
+    pub fn with_family(self, family: &dyn Family) -> Self {
+        self.with_model_type(family.model_type().to_string())
+    }
+
     /// How this family names its weights on disk.
     pub fn weight_layout(&self) -> WeightLayout {
-        match self.model_type.as_str() {
-            "phi3" => WeightLayout::Phi3,
-            "mixtral" => WeightLayout::Mixtral,
-            _ => WeightLayout::Llama,
-        }
+        self.family().weight_layout()
     }
 
     /// The attention type of layer `i`.
@@ -189,39 +202,5 @@ impl TransformerConfig {
                 }
             })
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accepts_both_rope_theta_spellings() {
-        let base = r#"{"model_type":"qwen2","vocab_size":10,"hidden_size":8,"intermediate_size":16,
-            "num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":1"#;
-        let a = TransformerConfig::from_hf_json(&format!("{base},\"rope_theta\":1e6}}")).unwrap();
-        let b = TransformerConfig::from_hf_json(&format!(
-            "{base},\"rope_parameters\":{{\"rope_theta\":1e6,\"rope_type\":\"default\"}}}}"
-        ))
-        .unwrap();
-        assert_eq!(a, b);
-        assert_eq!(a.rope_theta, 1e6);
-        assert!(a.attention_bias && a.head_dim == 4);
-    }
-
-    #[test]
-    fn rejects_bad_configs() {
-        let e = TransformerConfig::from_hf_json(r#"{"model_type":"gpt2"}"#).unwrap_err();
-        assert!(e.to_string().contains("invalid model config"), "{e}");
-        let e = TransformerConfig::from_hf_json(
-            r#"{"model_type":"llama","vocab_size":10,"hidden_size":8,"intermediate_size":16,
-            "num_hidden_layers":1,"num_attention_heads":3,"num_key_value_heads":2}"#,
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string().contains("multiple of num_key_value_heads"),
-            "{e}"
-        );
     }
 }

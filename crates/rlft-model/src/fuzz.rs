@@ -91,8 +91,13 @@ fn json_object_of(known: &'static [&'static str]) -> impl Strategy<Value = Value
     let value = prop_oneof![
         3 => wild_number(),
         1 => json_value(),
-        1 => proptest::sample::select(&["", "llama", "qwen2", "qwen3", "silu", "llama3", "default", "gelu"][..])
-            .prop_map(Value::from),
+        1 => proptest::sample::select(
+            ["", "silu", "llama3", "default", "gelu"]
+                .into_iter()
+                .chain(crate::families::model_types())
+                .collect::<Vec<_>>()
+        )
+        .prop_map(Value::from),
     ];
     proptest::collection::btree_map(key, value, 0..known.len() + 2)
         .prop_map(|m| Value::Object(m.into_iter().collect()))
@@ -187,7 +192,7 @@ impl Dims {
     /// The `config.json` describing these sizes.
     fn config_json(&self) -> Value {
         serde_json::json!({
-            "model_type": "llama",
+            "model_type": crate::families::default_family().model_type(),
             "vocab_size": self.vocab,
             "hidden_size": self.hidden,
             "intermediate_size": self.inter,

@@ -360,7 +360,7 @@ mod tests {
         };
         s(&mut b, "general.architecture");
         b.extend_from_slice(&8u32.to_le_bytes());
-        s(&mut b, "llama");
+        s(&mut b, "tiny");
         s(&mut b, "x.ids");
         b.extend_from_slice(&9u32.to_le_bytes());
         b.extend_from_slice(&5u32.to_le_bytes());
@@ -388,7 +388,7 @@ mod tests {
             let bytes = tiny_file(version);
             let (v, meta, tensors) = GgufFile::parse(&bytes).unwrap();
             assert_eq!(v, version);
-            assert_eq!(meta["general.architecture"].as_str(), Some("llama"));
+            assert_eq!(meta["general.architecture"].as_str(), Some("tiny"));
             assert_eq!(
                 meta["x.ids"],
                 GgufValue::Array(vec![GgufValue::I64(7), GgufValue::I64(-1)])

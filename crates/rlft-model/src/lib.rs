@@ -27,9 +27,10 @@ mod rope;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
+pub use config::families;
 pub use config::{
-    Activation, LayerType, Llama3RopeScaling, MoeConfig, NormPlacement, TransformerConfig,
-    WeightLayout,
+    Activation, ConfigKeys, GgufKeys, LayerType, Llama3RopeScaling, MoeConfig, NormPlacement,
+    TransformerConfig, WeightLayout,
 };
 pub use error::{ModelError, Result};
 pub use export::{GgufFileType, HF_EXPORT_FILES, LORA_TARGETS, LoraConfig};

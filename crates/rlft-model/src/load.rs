@@ -4,6 +4,7 @@
 
 pub(crate) mod gguf;
 mod init;
+
 pub(crate) mod names;
 
 use crate::gguf::GgufFile;

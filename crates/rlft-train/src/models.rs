@@ -58,7 +58,7 @@ impl Models {
             .with_max_position_embeddings(1024);
             let config = if s.experts > 0 {
                 config
-                    .with_model_type("qwen3_moe".into())
+                    .with_family(&rlft_model::families::Qwen3Moe)
                     .with_qk_norm(true)
                     .with_moe(Some(
                         MoeConfig::new(s.experts, s.experts_per_token, s.intermediate_size)

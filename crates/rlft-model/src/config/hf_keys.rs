@@ -1,22 +1,34 @@
-//! The typed reading of a `config.json` object ([`Keys`]: a missing key told from a `null`
-//! one, two spellings of one setting that must agree) and of its RoPE parameter sets.
+//! The typed reading of a `config.json` object ([`ConfigKeys`]: a missing key told from a
+//! `null` one, two spellings of one setting that must agree) and of its RoPE parameter sets.
 
 use super::Llama3RopeScaling;
 use crate::{ModelError, Result};
 use serde_json::{Map, Value};
 
-/// A parsed `config.json`, with typed getters that tell a missing key from a `null` one.
-pub(super) struct Keys<'a> {
-    pub(super) map: &'a Map<String, Value>,
+/// A parsed `config.json`, with typed getters that tell a missing key from a `null` one. Every
+/// error names the file.
+pub struct ConfigKeys<'a> {
+    map: &'a Map<String, Value>,
     pub(super) err: &'a dyn Fn(String) -> ModelError,
 }
 
-impl Keys<'_> {
-    pub(super) fn get(&self, key: &str) -> Option<&Value> {
+impl<'a> ConfigKeys<'a> {
+    pub(super) fn new(map: &'a Map<String, Value>, err: &'a dyn Fn(String) -> ModelError) -> Self {
+        Self { map, err }
+    }
+
+    /// A configuration error naming the file.
+    pub fn error(&self, msg: String) -> ModelError {
+        (self.err)(msg)
+    }
+
+    /// The raw value of `key`.
+    pub fn get(&self, key: &str) -> Option<&Value> {
         self.map.get(key)
     }
 
-    pub(super) fn usize(&self, key: &str) -> Result<Option<usize>> {
+    /// A non-negative integer; `None` when missing or `null`.
+    pub fn usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v.as_u64().map(|v| Some(v as usize)).ok_or_else(|| {
@@ -25,17 +37,19 @@ impl Keys<'_> {
         }
     }
 
-    pub(super) fn need_usize(&self, key: &str) -> Result<usize> {
+    /// A non-negative integer that must be there.
+    pub fn need_usize(&self, key: &str) -> Result<usize> {
         self.usize(key)?
             .ok_or_else(|| (self.err)(format!("missing '{key}'")))
     }
 
-    pub(super) fn f64(&self, key: &str) -> Result<Option<f64>> {
+    /// A finite number; `None` when missing or `null`.
+    pub fn f64(&self, key: &str) -> Result<Option<f64>> {
         opt_f64(self.get(key), key, self.err)
     }
 
-    /// `Ok(None)` missing, `Ok(Some(None))` explicitly `null`.
-    pub(super) fn nullable_f64(&self, key: &str) -> Result<Option<Option<f64>>> {
+    /// A finite number or `null`: `Ok(None)` missing, `Ok(Some(None))` explicitly `null`.
+    pub fn nullable_f64(&self, key: &str) -> Result<Option<Option<f64>>> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Null) => Ok(Some(None)),
@@ -43,7 +57,8 @@ impl Keys<'_> {
         }
     }
 
-    pub(super) fn bool(&self, key: &str) -> Result<Option<bool>> {
+    /// `true` or `false`; `None` when missing or `null`.
+    pub fn bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -53,13 +68,14 @@ impl Keys<'_> {
         }
     }
 
-    pub(super) fn str(&self, key: &str) -> Option<&str> {
+    /// A string; `None` when missing or not a string.
+    pub fn str(&self, key: &str) -> Option<&str> {
         self.get(key).and_then(Value::as_str)
     }
 
     /// One setting under two spellings (transformers 5's and the hub's older one): either may
     /// be given, and both only with one value.
-    pub(super) fn agree<T: PartialEq + std::fmt::Display>(
+    pub fn agree<T: PartialEq + std::fmt::Display>(
         &self,
         (a, x): (&str, Option<T>),
         (b, y): (&str, Option<T>),
@@ -73,9 +89,27 @@ impl Keys<'_> {
         }
     }
 
-    /// A count under two spellings ([`Keys::agree`]).
-    pub(super) fn usize_either(&self, a: &str, b: &str) -> Result<Option<usize>> {
+    /// A count under two spellings ([`ConfigKeys::agree`]).
+    pub fn usize_either(&self, a: &str, b: &str) -> Result<Option<usize>> {
         self.agree((a, self.usize(a)?), (b, self.usize(b)?))
+    }
+
+    /// Whether `rope_parameters` holds one parameter set per layer type (transformers 5's
+    /// spelling for models with sliding layers) rather than one set.
+    pub(super) fn rope_per_layer_type(&self) -> bool {
+        self.get("rope_parameters")
+            .and_then(Value::as_object)
+            .is_some_and(|m| m.contains_key("full_attention"))
+    }
+
+    /// θ of the RoPE parameter set of `layer_type` (`rope_parameters.<layer_type>`), when
+    /// `rope_parameters` has one set per layer type.
+    pub fn layer_type_rope_theta(&self, layer_type: &str) -> Result<Option<f64>> {
+        if !self.rope_per_layer_type() {
+            return Ok(None);
+        }
+        let set = self.get("rope_parameters").and_then(|p| p.get(layer_type));
+        Ok(parse_rope(set, self.err)?.theta)
     }
 }
 

@@ -1,14 +1,15 @@
-//! Export to GGUF, for llama.cpp and Ollama: the architectures `llama` (q/k rows permuted as
-//! llama.cpp's converter does), `qwen2` and `qwen3`, with the hyperparameters llama.cpp reads
-//! and the tokenizer as a byte-level BPE (`tokenizer.ggml.model = "gpt2"`) vocabulary.
+//! Export to GGUF, for llama.cpp and Ollama: the families whose
+//! [`crate::families::Family::gguf_export`] says how (Llama with q/k rows permuted as
+//! llama.cpp's converter does, Qwen2 and Qwen3), with the hyperparameters llama.cpp reads and
+//! the tokenizer as a byte-level BPE (`tokenizer.ggml.model = "gpt2"`) vocabulary.
 
 use crate::Pretrained;
 use crate::dequant::GgmlType;
+use crate::families::{self, GGUF_PRES, GgufExport, gguf_pre_tokenizer};
 use crate::gguf::GgufWriter;
 use crate::gguf::names::{NormNames, ROPE_FREQS, gguf_name, permute_rows};
 use crate::gguf::writer::Q8_0_BLOCK;
 use crate::model::Transformer;
-use crate::tokenizer::{GGUF_PRES, gguf_pre_tokenizer};
 use crate::{ModelError, Result, Tokenizer, TransformerConfig};
 use serde_json::Value;
 use std::fmt;
@@ -74,26 +75,23 @@ impl fmt::Display for GgufFileType {
     }
 }
 
-/// The llama.cpp architecture of `config`, or why it cannot be exported.
-fn architecture(config: &TransformerConfig) -> Result<&'static str> {
+/// How `config` is written as GGUF, or why it cannot be.
+fn architecture(config: &TransformerConfig) -> Result<GgufExport> {
     let refuse = |why: String| Err(ModelError::Export(why));
-    let arch = match config.model_type.as_str() {
-        "llama" => "llama",
-        "qwen2" => "qwen2",
-        "qwen3" => "qwen3",
-        other => {
-            return refuse(format!(
-                "model_type '{other}' has no GGUF export: rlft writes llama, qwen2 and qwen3, the \
-                 families checked against llama.cpp's own converter; export the Hugging Face \
-                 checkpoint (rlft export SOURCE --hf DIR) and convert it with llama.cpp's \
-                 convert_hf_to_gguf.py"
-            ));
-        }
+    let model_type = config.model_type.as_str();
+    let Some(export) = families::by_model_type(model_type).and_then(|f| f.gguf_export()) else {
+        return refuse(format!(
+            "model_type '{model_type}' has no GGUF export: rlft writes {}, the families checked \
+             against llama.cpp's own converter; export the Hugging Face checkpoint (rlft export \
+             SOURCE --hf DIR) and convert it with llama.cpp's convert_hf_to_gguf.py",
+            families::gguf_exports().join(", ")
+        ));
     };
-    if arch == "llama" && config.qk_norm {
-        return refuse(
-            "llama.cpp's llama architecture has no q/k norms, and this model uses them".into(),
-        );
+    let arch = export.arch;
+    if config.qk_norm && !export.qk_norm {
+        return refuse(format!(
+            "llama.cpp's {arch} architecture has no q/k norms, and this model uses them"
+        ));
     }
     // Settings of other families, set on one of these (a configuration built in code).
     let base = TransformerConfig::new(1, 1, 1, 1, 1, 1, 2);
@@ -132,28 +130,29 @@ fn architecture(config: &TransformerConfig) -> Result<&'static str> {
             "this {arch} model uses {what}, which llama.cpp's {arch} architecture cannot express"
         ));
     }
-    Ok(arch)
+    Ok(export)
 }
 
-/// `rope_freqs.weight` for a `llama` model whose frequencies are scaled, or `None`.
+/// `rope_freqs.weight` for a model whose frequencies are scaled, or `None`.
 ///
 /// # Errors
-/// For `qwen2` / `qwen3`, whose llama.cpp architectures read no per-frequency divisors, when
-/// the model's frequencies are not the unscaled ones.
+/// For an architecture that reads no per-frequency divisors, when the model's frequencies are
+/// not the unscaled ones.
 fn rope_divisors(
     model: &Transformer,
     config: &TransformerConfig,
-    arch: &str,
+    export: GgufExport,
 ) -> Result<Option<Vec<f32>>> {
     let unscaled = config.unscaled_inv_freq();
     let (worst, _) = crate::rope::max_rel_diff(&model.rope_inv_freq, &unscaled);
     if worst <= crate::rope::RTOL {
         return Ok(None);
     }
-    if arch != "llama" {
+    if !export.rope_freqs {
         return Err(ModelError::Export(format!(
-            "the model's RoPE frequencies are scaled, which llama.cpp's {arch} architecture \
-             cannot express in a GGUF"
+            "the model's RoPE frequencies are scaled, which llama.cpp's {} architecture \
+             cannot express in a GGUF",
+            export.arch
         )));
     }
     // The converter's divisors when the config declares the model's scaling; otherwise the
@@ -277,7 +276,7 @@ fn tokenizer_metadata(w: &mut GgufWriter, tok: &Tokenizer, n_vocab: usize) -> Re
         .enumerate()
         .map(|(id, t)| t.unwrap_or_else(|| format!("[PAD{id}]")))
         .collect();
-    w.string("tokenizer.ggml.model", "gpt2");
+    w.string("tokenizer.ggml.model", families::BYTE_LEVEL_BPE);
     w.string("tokenizer.ggml.pre", pre_name);
     w.strings("tokenizer.ggml.tokens", &tokens);
     w.i32s("tokenizer.ggml.token_type", &types);
@@ -320,8 +319,9 @@ impl Transformer {
         path: &Path,
         ty: GgufFileType,
     ) -> Result<()> {
-        let arch = architecture(config)?;
-        let divisors = rope_divisors(self, config, arch)?;
+        let export = architecture(config)?;
+        let arch = export.arch;
+        let divisors = rope_divisors(self, config, export)?;
         let mut w = GgufWriter::new();
         w.string("general.architecture", arch);
         w.u32("general.file_type", ty.id());
@@ -359,9 +359,11 @@ impl Transformer {
         }
         tokenizer_metadata(&mut w, tokenizer, config.vocab_size)?;
         for (name, shape, values) in self.hf_tensors() {
-            let heads = match arch {
-                "llama" if name.contains("self_attn.q_proj") => Some(config.num_heads),
-                "llama" if name.contains("self_attn.k_proj") => Some(config.num_kv_heads),
+            let heads = match name.as_str() {
+                n if export.permute_qk && n.contains("self_attn.q_proj") => Some(config.num_heads),
+                n if export.permute_qk && n.contains("self_attn.k_proj") => {
+                    Some(config.num_kv_heads)
+                }
                 _ => None,
             };
             let values = match heads {
@@ -395,6 +397,8 @@ impl Pretrained {
 mod tests {
     use super::*;
 
+    use crate::families::Family;
+
     #[test]
     fn types_parse_and_choose_storage() {
         for t in [GgufFileType::F32, GgufFileType::F16, GgufFileType::Q8_0] {
@@ -427,13 +431,14 @@ mod tests {
 
     #[test]
     fn other_families_are_refused() {
-        let cfg = TransformerConfig::new(16, 8, 16, 1, 2, 1, 4).with_model_type("mistral".into());
+        use crate::families::{Llama, Mistral, Qwen2};
+        let cfg = TransformerConfig::new(16, 8, 16, 1, 2, 1, 4).with_family(&Mistral);
         let e = architecture(&cfg).unwrap_err().to_string();
-        assert!(e.contains("llama, qwen2 and qwen3"), "{e}");
-        let cfg = cfg.with_model_type("llama".into()).with_qk_norm(true);
+        assert!(e.contains("llama, qwen2, qwen3"), "{e}");
+        let cfg = cfg.with_family(&Llama).with_qk_norm(true);
         assert!(architecture(&cfg).is_err());
-        let plain = TransformerConfig::new(16, 8, 16, 1, 2, 1, 4).with_model_type("qwen2".into());
-        assert_eq!(architecture(&plain).unwrap(), "qwen2");
+        let plain = TransformerConfig::new(16, 8, 16, 1, 2, 1, 4).with_family(&Qwen2);
+        assert_eq!(architecture(&plain).unwrap(), Qwen2.gguf_export().unwrap());
         let windowed = plain.clone().with_sliding_window(Some(4));
         let e = architecture(&windowed).unwrap_err().to_string();
         assert!(e.contains("sliding window"), "{e}");

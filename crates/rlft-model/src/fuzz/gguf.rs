@@ -288,12 +288,16 @@ proptest! {
     #[test]
     fn gguf_tiny_models(
         d in dims(),
-        arch in proptest::sample::select(&["llama", "qwen2", "qwen3", "mistral", "gpt2"][..]),
+        arch in proptest::sample::select(
+            crate::families::gguf_architectures().into_iter().chain(["gpt2"]).collect::<Vec<_>>()
+        ),
         tokens in proptest::collection::vec("[a-c ]{0,3}", 0..6),
         merges in proptest::collection::vec("[a-c ]{0,4}", 0..4),
         types in proptest::collection::vec(-1i64..6, 0..7),
         ids in proptest::collection::vec(prop_oneof![0u64..8, wild_u64()], 3),
-        pre in proptest::sample::select(&["default", "llama-bpe", "qwen2", "smollm", "other"][..]),
+        pre in proptest::sample::select(
+            crate::families::GGUF_PRES.into_iter().chain(["default", "other"]).collect::<Vec<_>>()
+        ),
         template in proptest::option::of(".{0,20}"),
     ) {
         let mut w = Writer::default();

@@ -176,9 +176,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.gguf");
         let mut w = GgufWriter::new();
-        w.string("general.architecture", "llama");
-        w.u32("llama.block_count", 3);
-        w.f32("llama.rope.freq_base", 5e5);
+        w.string("general.architecture", "tiny");
+        w.u32("tiny.block_count", 3);
+        w.f32("tiny.rope.freq_base", 5e5);
         w.bool("tokenizer.ggml.add_bos_token", true);
         w.strings("tokenizer.ggml.merges", &[]);
         w.strings("tokenizer.ggml.tokens", &["a".into(), "bc".into()]);
@@ -190,8 +190,8 @@ mod tests {
         w.tensor("d", &[5], GgmlType::F32, &values[..5]);
         std::fs::write(&path, w.to_bytes()).unwrap();
         let f = GgufFile::open(&path).unwrap();
-        assert_eq!(f.get("llama.block_count"), Some(&GgufValue::U64(3)));
-        assert_eq!(f.get("llama.rope.freq_base").unwrap().as_f64(), Some(5e5));
+        assert_eq!(f.get("tiny.block_count"), Some(&GgufValue::U64(3)));
+        assert_eq!(f.get("tiny.rope.freq_base").unwrap().as_f64(), Some(5e5));
         assert_eq!(
             f.get("tokenizer.ggml.add_bos_token"),
             Some(&GgufValue::Bool(true))

@@ -1,12 +1,14 @@
 //! GGUF files seen through Hugging Face names: llama.cpp's tensor naming with its q/k row
 //! permutation undone, Gemma's norm offset taken back out, experts unstacked, the architecture
-//! from the metadata (the families beyond Llama and Qwen through their `config.json` form,
-//! see [`family`]), and the Llama 3 RoPE scaling that llama.cpp's converter stores as
-//! per-frequency divisors (`rope_freqs.weight`).
+//! from the metadata (read by the file's family: directly, or through the `config.json` form of
+//! [`meta`]), and the Llama 3 RoPE scaling that llama.cpp's converter stores as per-frequency
+//! divisors (`rope_freqs.weight`).
 
 use super::names::on_disk;
 use super::{WeightSource, build, check_shape, missing};
+use crate::config::GgufKeys;
 use crate::config::{NormPlacement, WeightLayout};
+use crate::families::{self, GgufForm};
 use crate::gguf::names::{
     NormNames, ROPE_FREQS, expert_names, expert_slot, gguf_name, hf_name, unpermute_rows,
 };
@@ -18,13 +20,7 @@ use burn::tensor::{DType, Device};
 use std::cell::RefCell;
 use std::path::Path;
 
-mod family;
-
-/// The `general.architecture`s rlft loads.
-pub(crate) const GGUF_ARCHITECTURES: [&str; 10] = [
-    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite",
-    "qwen3moe",
-];
+mod meta;
 
 /// A GGUF file seen through HF names.
 struct GgufSource<'a> {
@@ -40,13 +36,11 @@ struct GgufSource<'a> {
 type Stacked = (String, Vec<usize>, Vec<f32>);
 
 impl<'a> GgufSource<'a> {
-    fn new(file: &'a GgufFile, cfg: &'a TransformerConfig, arch: &str) -> Self {
+    fn new(file: &'a GgufFile, cfg: &'a TransformerConfig) -> Self {
         GgufSource {
             file,
             cfg,
-            // llama.cpp's converter permutes q/k rows for `llama` (Mixtral included) and for
-            // Granite, whose converter is Llama's.
-            permuted: matches!(arch, "llama" | "granite"),
+            permuted: cfg.family().gguf_permuted_qk(),
             stacked: RefCell::new(None),
         }
     }
@@ -155,11 +149,7 @@ impl Transformer {
         dtype: DType,
     ) -> Result<(Self, TransformerConfig)> {
         let cfg = TransformerConfig::from_gguf(file)?;
-        let arch = file
-            .get("general.architecture")
-            .and_then(GgufValue::as_str)
-            .unwrap_or_default();
-        let source = GgufSource::new(file, &cfg, arch);
+        let source = GgufSource::new(file, &cfg);
         let mut model = build(&cfg, &source, device, dtype, &[ROPE_FREQS])?;
         // Llama 3 GGUFs carry the rope scaling as per-frequency divisors: the model uses them
         // as they are; `cfg.rope_scaling` holds the parameters they were computed from.
@@ -171,9 +161,9 @@ impl Transformer {
 }
 
 impl TransformerConfig {
-    /// The architecture described by a GGUF file's metadata (`general.architecture` =
-    /// `llama` (Mixtral when it has experts), `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3`,
-    /// `phi3`, `olmo2`, `granite` or `qwen3moe`).
+    /// The architecture described by a GGUF file's metadata, read by the family its
+    /// `general.architecture` names ([`families::gguf_architectures`]; Mixtral is `llama` with
+    /// experts).
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let err = |msg: String| ModelError::Config {
             path: file.path().into(),
@@ -183,72 +173,68 @@ impl TransformerConfig {
             .require("general.architecture")?
             .as_str()
             .ok_or_else(|| err("general.architecture is not a string".into()))?;
-        if let Some(model_type) = family::model_type(file, arch) {
-            let json = family::config_json(file, arch, model_type)?;
-            return Self::from_hf_json(&json.to_string()).map_err(|e| match e {
-                ModelError::Config { msg, .. } => err(msg),
-                other => other,
-            });
+        let family = families::by_gguf(file, arch).ok_or_else(|| {
+            err(format!(
+                "GGUF architecture '{arch}' is not supported; supported: {}",
+                families::gguf_architectures().join(", ")
+            ))
+        })?;
+        let meta = GgufKeys::new(file, arch);
+        match family.gguf_form() {
+            GgufForm::Direct => gguf_direct(&meta, family.model_type()),
+            GgufForm::ConfigJson => meta::gguf_via_config_json(&meta, family),
         }
-        let model_type = match arch {
-            "llama" | "mistral" | "qwen2" | "qwen3" => arch,
-            other => {
-                return Err(err(format!(
-                    "GGUF architecture '{other}' is not supported; supported: {}",
-                    GGUF_ARCHITECTURES.join(", ")
-                )));
-            }
-        };
-        let int = |key: &str| -> Result<usize> {
-            let k = format!("{arch}.{key}");
-            file.require(&k)?
-                .as_u64()
-                .map(|v| v as usize)
-                .ok_or_else(|| err(format!("'{k}' is not a non-negative integer")))
-        };
-        let opt_int = |key: &str| {
-            file.get(&format!("{arch}.{key}"))
-                .and_then(GgufValue::as_u64)
-        };
-        let opt_f = |key: &str| {
-            file.get(&format!("{arch}.{key}"))
-                .and_then(GgufValue::as_f64)
-        };
-        let d = int("embedding_length")?;
-        let heads = int("attention.head_count")?;
-        let kv = opt_int("attention.head_count_kv").map_or(heads, |v| v as usize);
-        if heads == 0 || kv == 0 || !heads.is_multiple_of(kv) {
-            return Err(err(format!(
-                "head_count ({heads}) must be a positive multiple of head_count_kv ({kv})"
-            )));
-        }
-        let head_dim = opt_int("attention.key_length").map_or(d / heads, |v| v as usize);
-        let embd = file
-            .tensors
-            .get("token_embd.weight")
-            .ok_or_else(|| missing("token_embd.weight", &[0, d], file.path()))?;
-        let vocab = opt_int("vocab_size").map_or_else(|| embd.shape()[0], |v| v as usize);
-        let mut cfg = TransformerConfig {
-            model_type: model_type.into(),
-            vocab_size: vocab,
-            hidden_size: d,
-            intermediate_size: int("feed_forward_length")?,
-            num_layers: int("block_count")?,
-            num_heads: heads,
-            num_kv_heads: kv,
-            head_dim,
-            rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
-            rope_theta: opt_f("rope.freq_base").unwrap_or(10000.0),
-            rope_scaling: None,
-            tie_word_embeddings: !file.tensors.contains_key("output.weight"),
-            attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
-            qk_norm: file.tensors.contains_key("blk.0.attn_q_norm.weight"),
-            max_position_embeddings: opt_int("context_length").map_or(4096, |v| v as usize),
-            ..TransformerConfig::new(vocab, d, 1, 1, heads, kv, head_dim)
-        };
-        cfg.rope_scaling = gguf_scaling(file, arch, &cfg)?;
-        Ok(cfg)
     }
+}
+
+/// The configuration of a GGUF file whose family reads its metadata directly (Llama and the
+/// families that share its layout), as `model_type`.
+fn gguf_direct(meta: &GgufKeys<'_>, model_type: &str) -> Result<TransformerConfig> {
+    let (file, arch) = (meta.file(), meta.arch());
+    let err = |msg: String| meta.error(msg);
+    let int = |key: &str| -> Result<usize> {
+        let k = format!("{arch}.{key}");
+        file.require(&k)?
+            .as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| err(format!("'{k}' is not a non-negative integer")))
+    };
+    let opt_int = |key: &str| meta.get(key).and_then(GgufValue::as_u64);
+    let opt_f = |key: &str| meta.get(key).and_then(GgufValue::as_f64);
+    let d = int("embedding_length")?;
+    let heads = int("attention.head_count")?;
+    let kv = opt_int("attention.head_count_kv").map_or(heads, |v| v as usize);
+    if heads == 0 || kv == 0 || !heads.is_multiple_of(kv) {
+        return Err(err(format!(
+            "head_count ({heads}) must be a positive multiple of head_count_kv ({kv})"
+        )));
+    }
+    let head_dim = opt_int("attention.key_length").map_or(d / heads, |v| v as usize);
+    let embd = file
+        .tensors
+        .get("token_embd.weight")
+        .ok_or_else(|| missing("token_embd.weight", &[0, d], file.path()))?;
+    let vocab = opt_int("vocab_size").map_or_else(|| embd.shape()[0], |v| v as usize);
+    let mut cfg = TransformerConfig {
+        model_type: model_type.into(),
+        vocab_size: vocab,
+        hidden_size: d,
+        intermediate_size: int("feed_forward_length")?,
+        num_layers: int("block_count")?,
+        num_heads: heads,
+        num_kv_heads: kv,
+        head_dim,
+        rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+        rope_theta: opt_f("rope.freq_base").unwrap_or(10000.0),
+        rope_scaling: None,
+        tie_word_embeddings: !file.tensors.contains_key("output.weight"),
+        attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
+        qk_norm: file.tensors.contains_key("blk.0.attn_q_norm.weight"),
+        max_position_embeddings: opt_int("context_length").map_or(4096, |v| v as usize),
+        ..TransformerConfig::new(vocab, d, 1, 1, heads, kv, head_dim)
+    };
+    cfg.rope_scaling = gguf_scaling(file, arch, &cfg)?;
+    Ok(cfg)
 }
 
 /// The divisors in `file`'s `rope_freqs.weight`, if it has one, checked against `cfg`.

@@ -97,7 +97,8 @@ mod tests {
 
     #[test]
     fn phi3_and_mixtral_names() {
-        let mut cfg = TransformerConfig::new(10, 8, 12, 2, 2, 1, 4).with_model_type("phi3".into());
+        use crate::families::{Mixtral, Phi3};
+        let cfg = TransformerConfig::new(10, 8, 12, 2, 2, 1, 4).with_family(&Phi3);
         let (n, r) = on_disk(&cfg, "model.layers.1.self_attn.k_proj");
         assert_eq!(n, "model.layers.1.self_attn.qkv_proj");
         assert_eq!(
@@ -116,7 +117,7 @@ mod tests {
                 total: 24
             })
         );
-        cfg.model_type = "mixtral".into();
+        let cfg = cfg.with_family(&Mixtral);
         let (n, _) = on_disk(&cfg, "model.layers.2.mlp.experts.7.up_proj");
         assert_eq!(n, "model.layers.2.block_sparse_moe.experts.7.w3");
         let (n, _) = on_disk(&cfg, "model.layers.2.mlp.gate");

@@ -226,7 +226,7 @@ mod tests {
     fn load_balancing_loss_is_e_when_every_expert_is_chosen() {
         let ad = Device::flex().autodiff();
         let cfg = TransformerConfig::new(40, 16, 24, 2, 2, 1, 8)
-            .with_model_type("qwen3_moe".into())
+            .with_family(&rlft_model::families::Qwen3Moe)
             .with_qk_norm(true)
             .with_moe(Some(MoeConfig::new(3, 3, 8)));
         let model = cfg.init_seeded(&ad, 2);

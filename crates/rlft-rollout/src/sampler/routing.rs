@@ -94,7 +94,7 @@ mod tests {
     fn replay_forces_the_recorded_experts_after_the_router_moved() {
         let device = Device::flex();
         let cfg = TransformerConfig::new(40, 16, 24, 2, 2, 1, 8)
-            .with_model_type("qwen3_moe".into())
+            .with_family(&rlft_model::families::Qwen3Moe)
             .with_qk_norm(true)
             .with_moe(Some(MoeConfig::new(6, 2, 16)));
         let model = cfg.init_seeded(&device, 5);

@@ -22,7 +22,8 @@ fn temp_dir(tag: &str) -> PathBuf {
 /// permuted), with `divisors` as `rope_freqs.weight` whatever they are.
 fn write_gguf(path: &Path, cfg: &TransformerConfig, model: &Transformer, divisors: &[f32]) {
     let mut w = GgufWriter::new();
-    w.string("general.architecture", "llama");
+    let arch = crate::families::Family::gguf_arch(&crate::families::Llama).unwrap();
+    w.string("general.architecture", arch);
     for (k, v) in [
         ("embedding_length", cfg.hidden_size),
         ("block_count", cfg.num_layers),
