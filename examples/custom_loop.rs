@@ -9,7 +9,7 @@
 
 use anyhow::Result;
 use rlft::algo::advantage::AdvantageEstimator;
-use rlft::algo::loss::LossRegistry;
+use rlft::algo::loss::{LossRegistry, PolicyLossInput};
 use rlft::burn::module::Module;
 use rlft::burn::optim::AdamWConfig;
 use rlft::burn::tensor::{DType, Device};
@@ -18,7 +18,8 @@ use rlft::model::{Pretrained, Tokenizer, TransformerConfig};
 use rlft::rollout::{
     LengthPenalty, RolloutConfig, RolloutSetup, SamplingConfig, Split, Task, TaskKind, rollout,
 };
-use rlft::train::learner::{LearnerInputs, LossOut, chunked_backward};
+use rlft::train::batch::{Packing, Row, RowOptions, Rows, per_token};
+use rlft::train::chunked::{LossOut, chunked_backward};
 
 /// rlft's allocator (mimalloc, freed memory kept): `rlft::alloc`.
 #[global_allocator]
@@ -67,28 +68,26 @@ fn run(args: Args) -> Result<Vec<f32>> {
             cfg: &cfg,
         };
         let batch = rollout(&policy.valid(), setup, chunk, step as u64, step as u64)?;
-        let pad = i64::from(tokenizer.padding_id());
-        let inputs = LearnerInputs::from_groups(&batch.groups, pad, &device);
-        if inputs.rewards.is_empty() {
+        // The trainer's path: rows, their advantages, packed for the learner.
+        let mut rows = Rows::from_groups(&batch.groups, &RowOptions::default());
+        if rows.is_empty() {
             continue;
         }
         let advantages = AdvantageEstimator::from_name("grpo")?
-            .compute(&inputs.advantage_input())?
-            .advantages;
-        // One on-policy update: the ratio is πθ/μ, with μ from the sampler.
-        let (grads, loss) = chunked_backward(
-            &inputs.batch,
-            &policy,
-            Some(1.0),
-            usize::MAX,
-            false,
-            |lp, ent| {
-                let input = inputs.loss_input(lp, ent, advantages);
+            .compute(&rows.advantage_input(&device, None, false)?)?;
+        rows.set_advantages(advantages, false);
+        let refs = rows.refs();
+        let ids = Packing::new(tokenizer.padding_id().into()).pack(&refs, &device);
+        // One on-policy update: the ratio is πθ/μ, with μ (`old_lp`) from the sampler.
+        let (grads, loss) =
+            chunked_backward(&ids, &policy, Some(1.0), usize::MAX, false, |lp, ent| {
+                let field = |f: fn(&Row) -> &[f32]| per_token(&ids, &refs, f);
+                let (old, adv) = (field(|r| &r.old_lp), field(|r| &r.adv));
+                let input =
+                    PolicyLossInput::new(lp, old, adv, field(|r| &r.mask)).with_entropy(ent);
                 let out = registry.compute("grpo", &input, &loss_cfg)?;
-                let value: f32 = out.loss.clone().into_scalar();
-                Ok::<_, anyhow::Error>(LossOut::new(out.loss, value))
-            },
-        )?;
+                Ok::<_, anyhow::Error>(LossOut::new(out.loss.clone(), out.loss.into_scalar()))
+            })?;
         // On-policy the surrogate's value is −mean(A) ≈ 0 (advantages are centred per group);
         // its gradient is not.
         policy = optim.step(1e-3, policy, grads);

@@ -21,7 +21,7 @@
 
 use anyhow::Result;
 use rlft::algo::advantage::AdvantageEstimator;
-use rlft::algo::loss::LossRegistry;
+use rlft::algo::loss::{LossRegistry, PolicyLossInput};
 use rlft::algo::seed::{spread, xorshift64};
 use rlft::burn::module::Module;
 use rlft::burn::optim::AdamWConfig;
@@ -31,7 +31,8 @@ use rlft::model::{Transformer, TransformerConfig};
 use rlft::rollout::{
     Example, FinishReason, Group, Prompt, SampleOn, Sampler, SamplingConfig, Trajectory,
 };
-use rlft::train::learner::{LearnerInputs, LossOut, chunked_backward};
+use rlft::train::batch::{Packing, Row, RowOptions, Rows, per_token};
+use rlft::train::chunked::{LossOut, chunked_backward};
 use std::time::Instant;
 
 /// SmolLM2-135M's architecture (its config.json), or a tiny one for a quick check on a CPU.
@@ -177,23 +178,22 @@ fn main() -> Result<()> {
             trajectories,
         };
         let t1 = Instant::now();
-        let inputs = LearnerInputs::from_groups(std::slice::from_ref(&group), 0, &device);
+        let mut rows = Rows::from_groups(std::slice::from_ref(&group), &RowOptions::default());
         let advantages = AdvantageEstimator::from_name("grpo")?
-            .compute(&inputs.advantage_input())?
-            .advantages;
-        let (grads, loss) = chunked_backward(
-            &inputs.batch,
-            &policy,
-            Some(1.0),
-            usize::MAX,
-            false,
-            |lp, ent| {
-                let out =
-                    registry.compute("grpo", &inputs.loss_input(lp, ent, advantages), &loss_cfg)?;
+            .compute(&rows.advantage_input(&device, None, false)?)?;
+        rows.set_advantages(advantages, false);
+        let refs = rows.refs();
+        let ids = Packing::new(0).pack(&refs, &device);
+        let (grads, loss) =
+            chunked_backward(&ids, &policy, Some(1.0), usize::MAX, false, |lp, ent| {
+                let field = |f: fn(&Row) -> &[f32]| per_token(&ids, &refs, f);
+                let (old, adv) = (field(|r| &r.old_lp), field(|r| &r.adv));
+                let input =
+                    PolicyLossInput::new(lp, old, adv, field(|r| &r.mask)).with_entropy(ent);
+                let out = registry.compute("grpo", &input, &loss_cfg)?;
                 let value: f32 = out.loss.clone().into_scalar();
                 Ok::<_, anyhow::Error>(LossOut::new(out.loss, value))
-            },
-        )?;
+            })?;
         policy = optim.step(1e-6, policy, grads);
         anyhow::ensure!(loss.is_finite(), "step {step}: loss {loss}");
         // The step's weights reach the device before the clock stops.

@@ -21,7 +21,7 @@ use rlft::algo::loss::{LossRegistry, PolicyLossInput};
 use rlft::cli::Args;
 use rlft::model::{Transformer, TransformerConfig};
 use rlft::rollout::LearnerBatch;
-use rlft::train::learner::{LossOut, chunk_for_budget, chunked_backward};
+use rlft::train::chunked::{LossOut, chunk_for_budget, chunked_backward};
 use std::time::Instant;
 
 fn main() -> Result<()> {
@@ -52,7 +52,7 @@ fn main() -> Result<()> {
     anyhow::ensure!(prompt < len, "--prompt must be shorter than --len");
     let chunk = match args.value("chunk").unwrap_or("auto") {
         "off" => usize::MAX,
-        "auto" => chunk_for_budget(vocab, rlft::train::trainer::LOGITS_CHUNK_BYTES),
+        "auto" => chunk_for_budget(vocab, rlft::train::chunked::LOGITS_CHUNK_BYTES),
         n => n.parse().map_err(|e| anyhow::anyhow!("--chunk {n}: {e}"))?,
     };
     // Token ids from a fixed LCG: memory does not depend on which tokens they are.

@@ -186,7 +186,7 @@ fn not_a_model(source: &Path, why: &str) -> TrainError {
 fn from_checkpoint(dir: &Path, device: &Device) -> Result<Pretrained> {
     let state = checkpoint::read_state(dir)?;
     let recipe = Recipe::from_stored(&state.recipe)?;
-    let (policy, tokenizer, config) = Models::policy(&recipe, device)?;
+    let (policy, tokenizer, config) = Models::load_policy(&recipe, device)?;
     let path = dir.join(checkpoint::POLICY_FILE);
     let policy = policy
         .try_load_file(&path)

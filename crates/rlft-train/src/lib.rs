@@ -10,7 +10,9 @@
 #![warn(missing_docs)]
 
 pub mod algorithm;
+pub mod batch;
 pub mod checkpoint;
+pub mod chunked;
 pub mod correction;
 mod demos;
 pub mod distributed;
@@ -18,32 +20,28 @@ mod eval;
 pub mod events;
 pub mod export;
 pub mod fault;
-mod feed;
 pub mod launch;
-mod learn;
-pub mod learner;
+mod learner;
 pub mod metrics;
 mod models;
 pub mod offpolicy;
 pub mod optim;
 pub mod plot;
-mod prepare;
 pub mod recipe;
 #[cfg(test)]
 mod recipe_fuzz;
 pub mod report;
 pub mod rollout_side;
-pub mod run;
-mod score;
 pub mod sim;
 mod sources;
+mod step;
 pub mod tensorboard;
 pub mod trainer;
 
 pub use algorithm::Extensions;
 pub use optim::clip_grads;
 pub use recipe::Recipe;
-pub use run::RunSummary;
+pub use trainer::RunSummary;
 pub use trainer::Trainer;
 
 use burn::tensor::Tensor;

@@ -20,7 +20,7 @@ pub(crate) struct Reference {
 /// The models of a run.
 pub(crate) struct Models {
     /// The policy (on the autodiff device); `None` only while an optimizer step holds it, so
-    /// that its parameters are updated in place ([`Trainer::policy`]).
+    /// that its parameters are updated in place ([`Models::take_policy`]).
     pub(crate) policy: Option<Transformer>,
     /// The critic (PPO with GAE).
     pub(crate) critic: Option<ValueModel>,
@@ -38,7 +38,7 @@ impl Models {
     ///
     /// # Errors
     /// A model file that does not load; LoRA settings the model does not have.
-    pub(crate) fn policy(
+    pub(crate) fn load_policy(
         recipe: &Recipe,
         device: &Device,
     ) -> Result<(Transformer, Tokenizer, TransformerConfig)> {
@@ -127,7 +127,7 @@ impl Models {
         if let Some(spec) = recipe.rollout.device {
             dtype.check(&spec.device()?, "rollout.device", spec)?;
         }
-        let (policy, tokenizer, config) = Self::policy(recipe, device)?;
+        let (policy, tokenizer, config) = Self::load_policy(recipe, device)?;
         let reference = if recipe.algorithm.kl_coef > 0.0 {
             let device = match recipe.model.reference_device {
                 Some(d) => d.device()?,
@@ -155,6 +155,21 @@ impl Models {
             config,
         };
         Ok((models, tokenizer))
+    }
+
+    /// The policy (on the autodiff device).
+    pub(crate) fn policy(&self) -> &Transformer {
+        self.policy
+            .as_ref()
+            .expect("the policy is only moved out during an optimizer step")
+    }
+
+    /// Moves the policy out for an optimizer step, which puts the result back: while nothing
+    /// else holds its parameters, [`crate::optim::FusedAdamW`] updates them where they lie.
+    pub(crate) fn take_policy(&mut self) -> Transformer {
+        self.policy
+            .take()
+            .expect("the policy is only moved out during an optimizer step")
     }
 }
 

@@ -11,10 +11,14 @@
 //! choice is a function of `(seed, step)`, so a resumed run repeats an uninterrupted one exactly
 //! (in async mode, with η = 0).
 
-use crate::algorithm::{Extensions, ResolvedAlgorithm, resolve_algorithm};
+use crate::algorithm::{Extensions, resolve_algorithm};
+use crate::batch::Packing;
 use crate::checkpoint::{self, TrainerState};
 use crate::demos::Demos;
+use crate::eval::Evaluate;
 use crate::events::{EventKind, Timeline};
+use crate::learner::{Learner, logits_chunk};
+use crate::metrics::StepMetrics;
 use crate::models::Models;
 use crate::offpolicy::StepDiagnostics;
 use crate::optim::adamw;
@@ -26,47 +30,26 @@ use crate::rollout_side::collect::{Collected, RolloutSide};
 use crate::rollout_side::feed::{Feed, FeedStats};
 use crate::rollout_side::servers::Fleet;
 use crate::sources::Sources;
+use crate::step::collect::{Collect, admission, stop_workers};
+use crate::step::learn::Learn;
+use crate::step::prepare::Prepare;
 use crate::{Result, TrainError, io_err};
-use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use rlft_algo::seed::spread;
 use rlft_model::{Tokenizer, Transformer};
 use rlft_rollout::{DataCursor, Dataset, Example, Task};
-use std::path::Path;
+pub use run::RunSummary;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-/// The logits one chunk of the learner's output head may hold when
-/// `algorithm.logits_chunk_tokens` is 0 (auto).
-pub const LOGITS_CHUNK_BYTES: usize = 1 << 30;
+mod run;
+mod saving;
+mod warmup;
 
 /// Skipped (NaN/Inf) steps in a row that stop the run.
 pub const MAX_BAD_STEPS_IN_ROW: usize = 3;
-
-/// Where and how the policy learns: devices, ranks, compute pool, the resolved algorithm with
-/// the loss registry it came from, and the optimisers.
-pub(crate) struct Learner {
-    /// The first rank's device, with autodiff.
-    pub(crate) device: Device,
-    /// The same device without autodiff (frozen passes).
-    pub(crate) plain: Device,
-    /// `[distributed] devices` past the first (autodiff devices): the learner's other ranks.
-    pub(crate) ranks: Vec<Device>,
-    /// `async.learner_threads`: the learner's compute pool.
-    pub(crate) pool: Option<Arc<rayon::ThreadPool>>,
-    /// With several ranks: each rank's own pool (`distributed.threads_per_rank`).
-    pub(crate) rank_pools: Option<crate::distributed::RankPools>,
-    /// `[algorithm]`, resolved against `registry`.
-    pub(crate) algo: ResolvedAlgorithm,
-    /// Seed of the loss's host RNG this step (Clip-Cov's draws).
-    pub(crate) loss_seed: u64,
-    /// The policy's AdamW.
-    pub(crate) optim: ModuleOptimizer,
-    /// The critic's AdamW.
-    pub(crate) critic_optim: Option<ModuleOptimizer>,
-    /// The warm-up's optimiser, while the warm-up runs.
-    pub(crate) sft_optim: Option<ModuleOptimizer>,
-}
 
 /// A trainer built from a recipe: the models, the learner, the data and the feed of batches,
 /// and the run's state.
@@ -194,24 +177,12 @@ fn learner_devices(recipe: &Recipe) -> Result<(Device, Vec<Device>)> {
 impl Trainer {
     /// The policy (on the autodiff device).
     pub fn policy(&self) -> &Transformer {
-        self.models
-            .policy
-            .as_ref()
-            .expect("the policy is only moved out during an optimizer step")
+        self.models.policy()
     }
 
     /// The run folder: the recipe's `output_dir`, or the folder a resumed run continues in.
     pub fn output_dir(&self) -> &Path {
         &self.recipe.output_dir
-    }
-
-    /// Moves the policy out for an optimizer step, which puts the result back: while nothing else
-    /// holds its parameters, [`crate::optim::FusedAdamW`] updates them where they lie.
-    pub(crate) fn take_policy(&mut self) -> Transformer {
-        self.models
-            .policy
-            .take()
-            .expect("the policy is only moved out during an optimizer step")
     }
 
     /// Builds everything a recipe describes (model, reference, critic, task, data), and loads
@@ -299,6 +270,17 @@ impl Trainer {
                 optim: adamw(&recipe.optimizer),
                 critic_optim: recipe.model.critic.then(|| adamw(&recipe.optimizer)),
                 sft_optim: None,
+                packing: Packing {
+                    pad_id: i64::from(tokenizer.pad_id.unwrap_or(0)),
+                    micro_batch_size: recipe.algorithm.micro_batch_size,
+                    micro_batch_tokens: recipe.algorithm.micro_batch_tokens,
+                    router_replay: recipe.algorithm.router_replay,
+                    moe_aux_coef: recipe.algorithm.moe_aux_coef,
+                },
+                logits_chunk: logits_chunk(
+                    recipe.algorithm.logits_chunk_tokens,
+                    models.config.vocab_size,
+                ),
             },
             recipe,
             models,
@@ -323,12 +305,18 @@ impl Trainer {
             AsyncMode::Lagged => a.lag().map_err(TrainError::Recipe)?,
             _ => 0,
         };
-        let admission = self.admission(DataCursor::default(), 0, PipelineState::default())?;
+        let admission = admission(
+            &self.recipe,
+            self.train_set.len(),
+            DataCursor::default(),
+            0,
+            PipelineState::default(),
+        )?;
         self.feed = Feed::new(a.mode, admission, lag);
         if let Some(checkpoint::ResumeFrom::Checkpoint(dir)) = &resume {
             let mut state = checkpoint::read_state(dir)?;
             state.recipe = self.state.recipe.clone();
-            self.load_checkpoint(dir, state)?;
+            saving::load_checkpoint(&mut self, dir, state)?;
             checkpoint::adopt(&self.recipe.output_dir, dir)?;
         }
         // The effective recipe, beside the run's checkpoints: a run killed before its first
@@ -348,6 +336,70 @@ impl Trainer {
             );
         }
         Ok(self)
+    }
+
+    /// Runs the recipe to its last step (or until `stop` is set: then a checkpoint is written
+    /// and the summary says `interrupted`). The binary sets `stop` on Ctrl-C.
+    ///
+    /// # Errors
+    /// A file that cannot be written, a model error, or a run that diverged (NaN/Inf in
+    /// [`MAX_BAD_STEPS_IN_ROW`] steps in a row; a checkpoint is written first).
+    pub fn run(&mut self, stop: Option<Arc<AtomicBool>>) -> Result<RunSummary> {
+        run::run(self, stop)
+    }
+
+    /// Held-out evaluation of the policy as it stands, at the current RL step: what
+    /// [`Trainer::run`] logs every `eval.every` steps: `eval/accuracy` (greedy),
+    /// `eval/<data_source>/accuracy`, `eval/pass@<k>` and `eval/mean@<k>`; empty without eval
+    /// problems. For trainers that drive [`Trainer::train_step`] themselves.
+    ///
+    /// # Errors
+    /// A failed generation or reward.
+    pub fn evaluate(&self) -> Result<StepMetrics> {
+        self.evaluation().at(self.state.step)
+    }
+
+    /// What an evaluation reads.
+    pub(crate) fn evaluation(&self) -> Evaluate<'_> {
+        Evaluate {
+            recipe: &self.recipe,
+            policy: self.models.policy(),
+            tokenizer: &self.tokenizer,
+            side: &self.side,
+            eval_set: &self.eval_set,
+        }
+    }
+
+    /// Writes a checkpoint of the run as it stands (policy, optimizer, critic, lagged-mode
+    /// snapshots, the data cursor and the trainer state) into `output_dir`, keeping the newest
+    /// `checkpoint.keep`; returns its folder. [`Trainer::run`] calls it every
+    /// `checkpoint.every` steps; a trainer that drives [`Trainer::train_step`] itself calls it
+    /// when it likes, and `--resume` continues from it.
+    ///
+    /// # Errors
+    /// A file that cannot be written (nothing of the checkpoint is then adopted).
+    pub fn save_checkpoint(&mut self) -> Result<PathBuf> {
+        saving::save_checkpoint(self)
+    }
+
+    /// Stops what runs beside the learner: the async rollout workers (their admitted samples
+    /// and data cursor are kept, so a checkpoint after it, or a further step, loses nothing) and
+    /// the `"local:N"` rollout servers. A further [`Trainer::train_step`] starts them again.
+    /// [`Trainer::run`] calls it at the end; dropping the trainer does the same.
+    ///
+    /// # Errors
+    /// A rollout worker that failed.
+    pub fn shutdown(&mut self) -> Result<()> {
+        stop_workers(
+            &mut self.feed,
+            &self.recipe,
+            self.train_set.len(),
+            self.state.step,
+        )?;
+        if let Some(fleet) = &self.side.fleet {
+            fleet.stop_local();
+        }
+        Ok(())
     }
 
     fn lr(&self, step: usize) -> f64 {
@@ -377,21 +429,41 @@ impl Trainer {
     fn step_here(&mut self, step: usize) -> Result<StepReport> {
         let t0 = Instant::now();
         let interval_start = self.last_step_end.unwrap_or(0.0);
-        let (batch, feed) = self.next_batch(step)?;
+        let (batch, feed) = Collect {
+            recipe: &self.recipe,
+            side: &self.side,
+            feed: &mut self.feed,
+            timeline: &self.timeline,
+            policy: self.models.policy(),
+        }
+        .next_batch(step)?;
         crate::fault::point(|| format!("rollout:{step}"));
         let beta = self.set_step_coefficients(step);
         let mut diag = StepDiagnostics::default();
         let t_score = Instant::now();
         let learn_start = self.timeline.now();
-        let scored = self.score(step, &batch, &mut diag)?;
+        let prepared = Prepare {
+            recipe: &self.recipe,
+            models: &self.models,
+            learner: &self.learner,
+            side: &self.side,
+            beta,
+        }
+        .batch(step, &batch, &mut diag)?;
         let score_secs = batch.score_secs + t_score.elapsed().as_secs_f64();
         let lr = self.lr(step - 1);
         let t_train = Instant::now();
-        let update = match scored.rows.is_empty() {
+        let update = match prepared.rows.is_empty() {
             true => UpdateStats::default(),
-            false => self.update(&scored.rows, lr, &mut diag)?,
+            false => Learn {
+                recipe: &self.recipe,
+                models: &mut self.models,
+                learner: &mut self.learner,
+                step: self.state.step,
+            }
+            .update(&prepared.rows.rows, lr, &mut diag)?,
         };
-        let (tokens, now) = (scored.trained_tokens(), self.timeline.now());
+        let (tokens, now) = (prepared.rows.trained_tokens(), self.timeline.now());
         let version = step as u64;
         self.timeline.record(
             "learner",
@@ -401,16 +473,17 @@ impl Trainer {
             version,
             tokens,
         );
-        self.publish(step)?;
+        crate::step::publish(&self.feed, self.models.policy(), step)?;
         let now = self.timeline.now();
-        let asynchrony = (self.recipe.asynchrony.mode == AsyncMode::Async)
-            .then(|| self.async_report(&feed, &batch, scored.version_spread, now - interval_start));
+        let asynchrony = (self.recipe.asynchrony.mode == AsyncMode::Async).then(|| {
+            self.async_report(&feed, &batch, prepared.version_spread, now - interval_start)
+        });
         self.last_step_end = Some(now);
-        let kl_coef = self.after_update(&update, beta, scored.rows.len());
+        let kl_coef = self.after_update(&update, beta, prepared.rows.rows.len());
         Ok(StepReport {
             step,
-            rollout: scored.rollout,
-            staleness: scored.staleness,
+            rollout: prepared.rollout,
+            staleness: prepared.staleness,
             lr,
             times: StageTimes {
                 generate: batch.generate_secs,

@@ -1,33 +1,51 @@
-//! Where the learner's batches come from: collected inline (sync and lagged modes) or taken
-//! from the rollout workers (async mode), then consumed under the staleness bound.
+//! The collect stage: where the learner's batches come from — collected inline (sync and
+//! lagged modes) or taken from the rollout workers (async mode), rewards scored on the rollout
+//! side in both — then consumed under the staleness bound.
 
-use crate::events::{Event, EventKind};
+use crate::events::{Event, EventKind, Timeline};
+use crate::recipe::Recipe;
 use crate::rollout_side::admission::{Admission, PipelineState};
-use crate::rollout_side::collect::Collected;
+use crate::rollout_side::collect::{Collected, RolloutSide};
 use crate::rollout_side::feed::{Feed, FeedStats};
 use crate::rollout_side::workers::{WorkerSettings, Workers};
-use crate::trainer::Trainer;
 use crate::{Result, TrainError};
 use burn::module::Module;
+use rlft_model::Transformer;
 use rlft_rollout::{DataCursor, DataLoader};
+use std::sync::Arc;
 
-impl Trainer {
-    /// The admission controller of a run at `consumed` steps, continuing from `state`.
-    pub(crate) fn admission(
-        &self,
-        cursor: DataCursor,
-        consumed: usize,
-        state: PipelineState,
-    ) -> Result<Admission> {
-        let loader = DataLoader::new(self.train_set.len(), self.recipe.seed, cursor)?;
-        Ok(Admission::new(
-            self.recipe.asynchrony.eta(),
-            loader,
-            consumed as u64,
-            state,
-        ))
-    }
+/// What collecting a batch reads and moves.
+pub(crate) struct Collect<'a> {
+    pub(crate) recipe: &'a Recipe,
+    /// The rollout stage's settings and data.
+    pub(crate) side: &'a RolloutSide,
+    /// How batches arrive.
+    pub(crate) feed: &'a mut Feed,
+    /// The run's timeline (`events.jsonl`).
+    pub(crate) timeline: &'a Arc<Timeline>,
+    /// The policy as it stands (the sampler takes its frozen copy).
+    pub(crate) policy: &'a Transformer,
+}
 
+/// The admission controller of a run over `train_len` prompts at `consumed` steps, continuing
+/// from `state`.
+pub(crate) fn admission(
+    recipe: &Recipe,
+    train_len: usize,
+    cursor: DataCursor,
+    consumed: usize,
+    state: PipelineState,
+) -> Result<Admission> {
+    let loader = DataLoader::new(train_len, recipe.seed, cursor)?;
+    Ok(Admission::new(
+        recipe.asynchrony.eta(),
+        loader,
+        consumed as u64,
+        state,
+    ))
+}
+
+impl Collect<'_> {
     /// Step `step`'s batch, consumed: groups older than η are requeued, dropped or kept.
     pub(crate) fn next_batch(&mut self, step: usize) -> Result<(Collected, FeedStats)> {
         let serial = step as u64;
@@ -93,7 +111,7 @@ impl Trainer {
     /// Collects batch `step` on this thread, with the current weights or, in lagged mode, those
     /// of `async.lag` versions ago; on servers, after bringing them to that version.
     fn collect_inline(&mut self, step: usize) -> Result<Collected> {
-        let current = self.policy().valid();
+        let current = self.policy.valid();
         let (version, model) = match self.feed.snapshots_mut() {
             Some(s) => {
                 let (v, m) = s.sample_with(step as u64, current);
@@ -136,7 +154,7 @@ impl Trainer {
     /// Starts the rollout workers with the current weights (version `step`), handing them the
     /// admission controller.
     fn start_workers(&mut self, step: usize) -> Result<()> {
-        let Feed::AsyncIdle(admission) = std::mem::replace(&mut self.feed, Feed::Switching) else {
+        let Feed::AsyncIdle(admission) = std::mem::replace(self.feed, Feed::Switching) else {
             return Err(TrainError::Pipeline(
                 "the rollout workers start from async mode's idle feed".into(),
             ));
@@ -148,36 +166,33 @@ impl Trainer {
             threads: a.rollout_threads,
             device,
         };
-        self.feed = Feed::Async(Workers::start(
+        *self.feed = Feed::Async(Workers::start(
             self.side.clone(),
             admission,
             step as u64,
-            self.policy().valid(),
+            self.policy.valid(),
             &settings,
             self.timeline.clone(),
         )?);
         Ok(())
     }
+}
 
-    /// After the update of step `step`: hands the new weights (version `step + 1`) to the
-    /// rollout workers, and to the servers they sample on.
-    ///
-    /// # Errors
-    /// A server that cannot take the weights.
-    pub(crate) fn publish(&self, step: usize) -> Result<()> {
-        self.feed.publish(step as u64 + 1, || self.policy().valid())
-    }
-
-    /// Stops the rollout workers, putting their admission state back (so a checkpoint written
-    /// afterwards still holds the prompts in flight).
-    pub(crate) fn stop_workers(&mut self) -> Result<()> {
-        match std::mem::replace(&mut self.feed, Feed::Switching) {
-            Feed::Async(w) => {
-                let (state, cursor) = w.finish();
-                self.feed = Feed::AsyncIdle(self.admission(cursor, self.state.step, state)?);
-            }
-            other => self.feed = other,
+/// Stops the rollout workers, putting their admission state back into `feed` (so a checkpoint
+/// written afterwards still holds the prompts in flight) for a run over `train_len` prompts at
+/// `consumed` steps.
+pub(crate) fn stop_workers(
+    feed: &mut Feed,
+    recipe: &Recipe,
+    train_len: usize,
+    consumed: usize,
+) -> Result<()> {
+    match std::mem::replace(feed, Feed::Switching) {
+        Feed::Async(w) => {
+            let (state, cursor) = w.finish();
+            *feed = Feed::AsyncIdle(admission(recipe, train_len, cursor, consumed, state)?);
         }
-        Ok(())
+        other => *feed = other,
     }
+    Ok(())
 }

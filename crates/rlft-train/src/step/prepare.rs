@@ -1,128 +1,39 @@
-//! The score stage: a collected batch becomes the learner's rows — overlong shaping and
-//! filtering on the rewards, then π_old (π_prox), π_ref, critic values and advantages
-//! ([`Trainer::prepare`]) — with what the step reports about its rewards and staleness.
+//! The prepare stage: a collected batch (its rewards scored on the rollout side) becomes the
+//! learner's [`Rows`] — overlong shaping and filtering on the rewards, then π_old (π_prox),
+//! π_ref, critic values, advantages and the correction against μ (`passes.rs`) — with what the
+//! step reports about its rewards and staleness.
 
 use crate::Result;
+use crate::batch::{RowOptions, Rows};
 use crate::correction::{SamplingMask, TrainVersions};
+use crate::learner::Learner;
+use crate::models::Models;
 use crate::offpolicy::StepDiagnostics;
+use crate::recipe::Recipe;
 use crate::report::RolloutReport;
 use crate::rollout_side::admission::{staleness, staleness_metrics};
-use crate::rollout_side::collect::Collected;
-use crate::trainer::Trainer;
+use crate::rollout_side::collect::{Collected, RolloutSide};
 use rlft_algo::shaping::OverlongPenalty;
 use rlft_rollout::Trajectory;
 use std::collections::BTreeMap;
 
-/// One trajectory prepared for the learner (host vectors over its response tokens).
-pub(crate) struct Row {
-    pub(crate) ids: Vec<i64>,
-    pub(crate) prompt_len: usize,
-    pub(crate) mask: Vec<f32>,
-    /// The ratio's anchor: μ, π_old or π_prox (see [`OffPolicy`]).
-    pub(crate) old_lp: Vec<f32>,
-    /// μ: the behaviour log-probs the sampler recorded.
-    pub(crate) behaviour_lp: Vec<f32>,
-    /// The policy version that sampled each response token (log-linear π_prox).
-    pub(crate) versions: Vec<f32>,
-    /// The row's outcome reward after shaping (losses that weigh rows by score, e.g. TOPR).
-    pub(crate) score: f32,
-    /// Sampling-mask replay: each response token's kept set (empty: scored over the
-    /// vocabulary).
-    pub(crate) kept: Vec<Option<Vec<u32>>>,
-    /// A mixture of experts' routing of the row's tokens as the sampler forwarded them.
-    pub(crate) routing: Option<rlft_model::TokenRouting>,
-    /// Decoupled mode: IS weights of π_prox against μ.
-    pub(crate) is_w: Option<Vec<f32>>,
-    pub(crate) ref_lp: Option<Vec<f32>>,
-    pub(crate) adv: Vec<f32>,
-    pub(crate) old_values: Option<Vec<f32>>,
-    pub(crate) returns: Option<Vec<f32>>,
+/// What preparing a batch reads: the frozen passes run on the models, the advantages on the
+/// learner's plain device.
+pub(crate) struct Prepare<'a> {
+    pub(crate) recipe: &'a Recipe,
+    pub(crate) models: &'a Models,
+    pub(crate) learner: &'a Learner,
+    /// The rewards and the correctness term.
+    pub(crate) side: &'a RolloutSide,
+    /// β of the KL term this step.
+    pub(crate) beta: f64,
 }
 
-impl Row {
-    pub(crate) fn resp_len(&self) -> usize {
-        self.mask.len()
-    }
-
-    /// A sampled trajectory's row, with μ as its ratio's anchor until π_old is computed;
-    /// `filtered` (overlong filtering) trains none of its tokens, `current_only` only the
-    /// tokens of the newest policy version that sampled in the row.
-    pub(crate) fn sampled(t: &Trajectory, filtered: bool, current_only: bool) -> Self {
-        let newest = current_only.then(|| t.model_versions().max()).flatten();
-        let trained = |i: usize, m: u8| {
-            // `newest` is only known with `current_only`.
-            let old = matches!((t.token_versions.get(i), newest), (Some(&v), Some(n)) if v < n);
-            m == 1 && !filtered && !old
-        };
-        Self {
-            ids: t
-                .prompt_ids
-                .iter()
-                .chain(&t.response_ids)
-                .map(|&x| x as i64)
-                .collect(),
-            prompt_len: t.prompt_ids.len(),
-            mask: t
-                .loss_mask
-                .iter()
-                .enumerate()
-                .map(|(i, &m)| if trained(i, m) { 1.0 } else { 0.0 })
-                .collect(),
-            old_lp: t.behaviour_logprobs.clone(),
-            behaviour_lp: t.behaviour_logprobs.clone(),
-            versions: (0..t.response_ids.len())
-                .map(|i| t.token_versions.get(i).copied().unwrap_or(t.version) as f32)
-                .collect(),
-            score: t.reward.unwrap_or(0.0) as f32,
-            kept: Vec::new(),
-            routing: t.routing.clone(),
-            is_w: None,
-            ref_lp: None,
-            adv: Vec::new(),
-            old_values: None,
-            returns: None,
-        }
-    }
-
-    /// Sampling-mask replay: the row carries its tokens' kept sets, and a model token whose set
-    /// was not recorded (it overflowed `rollout.sampling_mask_max_ids`) gets no loss.
-    pub(crate) fn replay(mut self, t: &Trajectory) -> Self {
-        for (j, m) in self.mask.iter_mut().enumerate() {
-            if !matches!(t.kept_ids.get(j), Some(Some(_))) {
-                *m = 0.0;
-            }
-        }
-        self.kept.clone_from(&t.kept_ids);
-        self
-    }
-
-    /// A supervised row: `prompt` then the demonstrated `response`, trained where `mask` is 1.
-    pub(crate) fn demonstration(prompt: &[u32], response: &[u32], mask: Vec<f32>) -> Self {
-        let n = response.len();
-        Self {
-            ids: prompt.iter().chain(response).map(|&t| t as i64).collect(),
-            prompt_len: prompt.len(),
-            mask,
-            old_lp: vec![0.0; n],
-            behaviour_lp: vec![0.0; n],
-            versions: vec![0.0; n],
-            score: 0.0,
-            kept: Vec::new(),
-            routing: None,
-            is_w: None,
-            ref_lp: None,
-            adv: vec![0.0; n],
-            old_values: None,
-            returns: None,
-        }
-    }
-}
-
-/// A step's batch, scored: the learner's rows with everything the loss needs, and what the
+/// A step's batch, prepared: the learner's rows with everything the loss needs, and what the
 /// step reports about the rollouts.
-pub(crate) struct ScoredBatch {
+pub(crate) struct PreparedBatch {
     /// One row per scored trajectory.
-    pub(crate) rows: Vec<Row>,
+    pub(crate) rows: Rows,
     /// Rewards, lengths, filtered and skipped counts.
     pub(crate) rollout: RolloutReport,
     /// `staleness/*`.
@@ -131,25 +42,15 @@ pub(crate) struct ScoredBatch {
     pub(crate) version_spread: f64,
 }
 
-impl ScoredBatch {
-    /// Response tokens that carry a gradient.
-    pub(crate) fn trained_tokens(&self) -> usize {
-        self.rows
-            .iter()
-            .map(|r| r.mask.iter().filter(|&&x| x > 0.0).count())
-            .sum()
-    }
-}
-
-impl Trainer {
-    /// Scores the batch of step `step`: rows from the scored trajectories, then π_old, π_ref,
+impl Prepare<'_> {
+    /// Prepares the batch of step `step`: rows from the scored trajectories, then π_old, π_ref,
     /// values and advantages (the off-policy measurements go to `diag`).
-    pub(crate) fn score(
-        &mut self,
+    pub(crate) fn batch(
+        &self,
         step: usize,
         batch: &Collected,
         diag: &mut StepDiagnostics,
-    ) -> Result<ScoredBatch> {
+    ) -> Result<PreparedBatch> {
         let groups = &batch.groups;
         let trajs: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
         let version = step as u64;
@@ -182,37 +83,23 @@ impl Trainer {
                 )
             })
             .transpose()?;
-        let current_only = a.correction.train_versions == TrainVersions::Current;
-        let replay = a.sampling_mask == SamplingMask::Replay;
-        let mut rows = Vec::new();
-        let mut group_ids = Vec::new();
-        let mut rewards = Vec::new();
-        for (gi, g) in groups.iter().enumerate() {
-            for t in g.trajectories.iter().filter(|t| t.reward.is_some()) {
-                let mut reward = t.reward.unwrap_or(0.0);
-                if let Some(p) = &overlong {
-                    reward += p.penalty(t.generated_len());
-                }
-                let mut row = Row::sampled(t, a.overlong_filter && t.truncated, current_only);
-                if replay {
-                    row = row.replay(t);
-                }
-                row.score = reward as f32;
-                rows.push(row);
-                group_ids.push(gi as u64);
-                rewards.push(reward);
-            }
-        }
+        let options = RowOptions {
+            overlong,
+            overlong_filter: a.overlong_filter,
+            current_only: a.correction.train_versions == TrainVersions::Current,
+            replay: a.sampling_mask == SamplingMask::Replay,
+        };
+        let mut rows = Rows::from_groups(groups, &options);
         let rollout = self.rollout_report(&trajs, batch);
         if !rows.is_empty() {
-            self.prepare(&mut rows, &group_ids, &rewards, off_policy, diag)?;
+            self.fill(&mut rows, off_policy, diag)?;
         }
         let mut staleness = staleness_metrics(version, &oldest, self.recipe.asynchrony.eta());
         staleness.insert(
             "staleness/token_age_mean".into(),
             token_age_mean(version, &trajs),
         );
-        Ok(ScoredBatch {
+        Ok(PreparedBatch {
             rows,
             rollout,
             staleness,
@@ -333,23 +220,6 @@ mod tests {
             completion: String::new(),
             turns: 1,
         }
-    }
-
-    /// `train_versions = "current"` keeps loss only on the newest version's model tokens; the
-    /// overlong filter drops every token; observations never train.
-    #[test]
-    fn rows_train_the_tokens_their_settings_allow() {
-        let t = trajectory(vec![3, 3, 4, 4, 5, 5], vec![1, 1, 0, 1, 1, 0]);
-        assert_eq!(
-            Row::sampled(&t, false, false).mask,
-            [1., 1., 0., 1., 1., 0.]
-        );
-        // Version 5 is the newest among model tokens (the last, an observation, is ignored).
-        assert_eq!(Row::sampled(&t, false, true).mask, [0., 0., 0., 0., 1., 0.]);
-        assert_eq!(Row::sampled(&t, true, false).mask, [0.; 6]);
-        let row = Row::sampled(&t, false, false);
-        assert_eq!((row.prompt_len, row.ids.len()), (2, 8));
-        assert_eq!(row.old_lp, t.behaviour_logprobs);
     }
 
     /// The token age counts model tokens only, each by the version that sampled it.

@@ -1,32 +1,28 @@
-//! The learner's side of scoring a consumed batch: π_old (π_prox), reference log-probs and
+//! The learner's passes over a consumed batch's rows: π_old (π_prox), reference log-probs and
 //! critic values for every row, advantages from the outcome rewards (with KL in the reward where
-//! the recipe places it), and the decoupled correction against μ. It runs when a batch is
+//! the recipe places it), and the decoupled correction against μ. They run when a batch is
 //! consumed, so π_prox is the learner's policy at that moment whichever version sampled it.
 
+use super::prepare::Prepare;
+use crate::batch::{KlInReward, Row, Rows, aligned, t2};
 use crate::correction::CorrectionMode;
-use crate::learn::{aligned, t2};
 use crate::offpolicy::StepDiagnostics;
 use crate::recipe::KlPlacement;
-use crate::score::Row;
-use crate::trainer::Trainer;
 use crate::{Result, TrainError, host};
 use burn::module::Module;
-use rlft_algo::advantage::AdvantageInput;
 use rlft_algo::decoupled::{m2po_mask, rejection_sampling};
-use rlft_algo::kl::kl_penalty;
 use std::time::Instant;
 
-impl Trainer {
+impl Prepare<'_> {
     /// Fills π_old, π_ref, values and advantages for every row; corrects the batch against μ
     /// where the recipe asks (decoupled) and measures the gap (whenever π_old was computed).
-    pub(crate) fn prepare(
-        &mut self,
-        rows: &mut [Row],
-        group_ids: &[u64],
-        rewards: &[f64],
+    pub(super) fn fill(
+        &self,
+        batch: &mut Rows,
         off_policy: bool,
         diag: &mut StepDiagnostics,
     ) -> Result<()> {
+        let rows = &mut batch.rows[..];
         let a = &self.recipe.algorithm;
         let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
         let old_pass = self
@@ -42,7 +38,8 @@ impl Trainer {
                 row.old_lp.clone_from(p);
             }
         }
-        self.advantages(rows, group_ids, rewards)?;
+        self.advantages(batch)?;
+        let rows = &mut batch.rows[..];
         // After the advantages: rejection masks the loss, it does not move an outcome reward.
         if old_pass {
             diag.prox_secs = Some(prox_secs);
@@ -56,16 +53,16 @@ impl Trainer {
     /// rows).
     fn frozen_passes(&self, rows: &mut [Row], old_pass: bool) -> Result<(Vec<Vec<f32>>, f64)> {
         let temperature = self.recipe.rollout.temperature;
-        let policy = self.policy().valid();
+        let policy = self.models.policy().valid();
         let critic = self.models.critic.as_ref().map(|c| c.valid());
         let mut prox: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
         let mut prox_secs = 0.0;
         let all: Vec<usize> = (0..rows.len()).collect();
-        let logits_chunk = self.logits_chunk();
-        for chunk in self.micro_batches(&all, rows) {
+        let logits_chunk = self.learner.logits_chunk;
+        for chunk in self.learner.packing.micro_batches(&all, rows) {
             let chunk = &chunk[..];
             let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
-            let ids = self.pack(&refs);
+            let ids = self.learner.pack(&refs);
             // Frozen (`valid()`) models live on the plain device.
             let ids_plain = ids.to_device(&self.learner.plain);
             if old_pass {
@@ -115,58 +112,16 @@ impl Trainer {
     /// Token rewards (the outcome at the last trained token, minus β·KL per token where the KL
     /// is in the reward) and values in the response-aligned layout `[N, R_max]`, through the
     /// advantage estimator into each row's advantages and returns.
-    fn advantages(&self, rows: &mut [Row], group_ids: &[u64], rewards: &[f64]) -> Result<()> {
-        let beta = self.beta();
-        let a = &self.recipe.algorithm;
-        let n = rows.len();
-        let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
-        let mut tok_rewards = vec![0.0f32; n * rmax];
-        let mut mask = vec![0.0f32; n * rmax];
-        let mut values = vec![0.0f32; n * rmax];
-        for (i, row) in rows.iter().enumerate() {
-            let last = row.mask.iter().rposition(|&m| m > 0.0);
-            if let Some(last) = last {
-                tok_rewards[i * rmax + last] = rewards[i] as f32;
-            }
-            for (j, &mv) in row.mask.iter().enumerate() {
-                mask[i * rmax + j] = mv;
-                if let Some(v) = &row.old_values {
-                    values[i * rmax + j] = v[j];
-                }
-            }
-            if a.kl_placement == KlPlacement::Reward
-                && beta > 0.0
-                && let Some(r) = &row.ref_lp
-            {
-                let k = kl_penalty(
-                    t2(&self.learner.plain, row.old_lp.clone(), 1, row.resp_len()),
-                    t2(&self.learner.plain, r.clone(), 1, row.resp_len()),
-                    self.learner.algo.config.kl_estimator,
-                    None,
-                )?;
-                for (j, kv) in host(k).iter().enumerate() {
-                    tok_rewards[i * rmax + j] -= (beta as f32) * kv * row.mask[j];
-                }
-            }
-        }
-        let mut input = AdvantageInput::new(
-            t2(&self.learner.plain, tok_rewards, n, rmax),
-            t2(&self.learner.plain, mask, n, rmax),
-        )
-        .with_groups(group_ids.to_vec());
-        if self.models.critic.is_some() {
-            input = input.with_values(t2(&self.learner.plain, values, n, rmax));
-        }
+    fn advantages(&self, rows: &mut Rows) -> Result<()> {
+        let kl =
+            (self.recipe.algorithm.kl_placement == KlPlacement::Reward).then_some(KlInReward {
+                beta: self.beta,
+                estimator: self.learner.algo.config.kl_estimator,
+            });
+        let critic = self.models.critic.is_some();
+        let input = rows.advantage_input(&self.learner.plain, kl, critic)?;
         let out = self.learner.algo.advantage.compute(&input)?;
-        let adv = host(out.advantages);
-        let ret = host(out.returns);
-        for (i, row) in rows.iter_mut().enumerate() {
-            let r = row.resp_len();
-            row.adv = adv[i * rmax..i * rmax + r].to_vec();
-            if self.models.critic.is_some() {
-                row.returns = Some(ret[i * rmax..i * rmax + r].to_vec());
-            }
-        }
+        rows.set_advantages(out, critic);
         Ok(())
     }
 
