@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One accepted option: its name (without `--`) and whether it takes a value.
 pub type Spec = (&'static str, bool);
@@ -124,9 +126,32 @@ pub fn train(args: impl IntoIterator<Item = String>) -> Result<String, rlft_trai
     };
     // A bad command line or recipe is rejected before the Ctrl-C handler is installed.
     let recipe = cmd.recipe()?;
-    let stop = launch::stop_on_ctrl_c()?;
+    let stop = stop_on_ctrl_c()?;
     let (summary, out) = cmd.run(recipe, Some(stop))?;
     Ok(launch::report(&summary, &out))
+}
+
+/// Installs a Ctrl-C handler: the first Ctrl-C sets the returned flag (the run stops after the
+/// current step, with a checkpoint), the second exits at once with status 130. The library
+/// takes the flag ([`rlft_train::Trainer::run`]); the process's signals are the program's.
+///
+/// # Errors
+/// When a handler is already installed in this process.
+fn stop_on_ctrl_c() -> Result<Arc<AtomicBool>, rlft_train::TrainError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!(
+            "\nstopping after this step (a checkpoint will be written); Ctrl-C again to abort"
+        );
+    })
+    .map_err(|e| {
+        rlft_train::TrainError::Usage(format!("cannot install the Ctrl-C handler: {e}"))
+    })?;
+    Ok(stop)
 }
 
 /// Usage of the `export` command.
@@ -349,9 +374,9 @@ pub fn serve(
         config.served_model_name,
         server.url()
     ));
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
-    ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
         .map_err(|e| TrainError::Usage(format!("cannot install the Ctrl-C handler: {e}")))?;
     Ok(server.wait(&stop)?)
 }

@@ -18,25 +18,7 @@ const MAX_LINES: usize = 100;
 
 /// `(file, function, lines)`: the functions over [`MAX_LINES`] still to split, at most as long
 /// as given.
-const LONGER: &[(&str, &str, usize)] = &[
-    ("crates/rlft-rollout/src/sampler.rs", "run", 287),
-    ("crates/rlft-rollout/src/rollout.rs", "rollout_with", 211),
-    ("crates/rlft-algo/src/mis.rs", "slime_mis", 199),
-    ("crates/rlft-algo/src/advantage.rs", "compute", 173),
-    ("crates/rlft-algo/src/loss/topr.rs", "terms", 139),
-    ("crates/rlft-algo/src/correction/host.rs", "is_weights", 134),
-    ("crates/rlft-model/src/tokenizer.rs", "from_gguf", 113),
-    ("crates/rlft-algo/src/loss/output.rs", "finish", 113),
-    ("crates/rlft-train/src/chunked.rs", "chunked_backward", 110),
-    ("crates/rlft-parity/src/trl.rs", "policy_loss", 107),
-    ("crates/rlft-rollout/src/layout.rs", "new", 104),
-    ("crates/rlft-parity/src/slime.rs", "policy_loss", 102),
-    (
-        "crates/rlft-model/src/model.rs",
-        "hidden_states_in_place",
-        101,
-    ),
-];
+const LONGER: &[(&str, &str, usize)] = &[];
 
 /// A test or fuzz file, whose functions are not counted.
 fn test_file(path: &str) -> bool {

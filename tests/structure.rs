@@ -493,6 +493,24 @@ fn family_names_are_spelled_only_in_the_families_folder() {
     );
 }
 
+/// The library's showcase loop stays short: `examples/custom_loop.rs` is at most 80 lines of
+/// code (neither blank nor comment lines), as docs/library.md says.
+#[test]
+fn the_custom_loop_example_is_at_most_80_lines_of_code() {
+    let path = root().join("examples/custom_loop.rs");
+    let text = std::fs::read_to_string(&path).expect("examples/custom_loop.rs");
+    let code = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//"))
+        .count();
+    assert!(
+        code <= 80,
+        "{}: {code} lines of code (at most 80)",
+        relative(&path)
+    );
+}
+
 #[test]
 fn the_literal_reader_finds_names_in_strings_and_not_in_comments() {
     let src = r##"

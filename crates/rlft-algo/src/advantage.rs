@@ -188,20 +188,7 @@ impl AdvantageEstimator {
         let scores: Vec<f64> = (0..b)
             .map(|i| rewards[i * t..(i + 1) * t].iter().sum())
             .collect();
-        let groups = || -> Result<Groups> {
-            match &input.group_index {
-                Some(g) if g.len() == b => Ok(Groups::new(g, &scores)),
-                Some(g) => Err(AlgoError::GroupIndex {
-                    got: g.len(),
-                    batch: b,
-                }),
-                None => Err(AlgoError::MissingInput {
-                    loss: format!("{self:?}"),
-                    input: "group_index",
-                    hint: "give the prompt/group id of every row with AdvantageInput::with_groups",
-                }),
-            }
-        };
+        let groups = || self.groups(input, &scores);
         let per_row = |values: Vec<f64>| -> Tensor<2> {
             let full: Vec<f64> = (0..b * t).map(|k| values[k / t] * mask[k]).collect();
             from_host(full, [b, t], like)
@@ -210,20 +197,7 @@ impl AdvantageEstimator {
             AdvantageEstimator::Grpo {
                 norm_by_std,
                 epsilon,
-            } => {
-                let g = groups()?;
-                let adv: Vec<f64> = (0..b)
-                    .map(|i| {
-                        let (mean, std) = g.mean_std(i);
-                        if norm_by_std {
-                            (scores[i] - mean) / (std + epsilon)
-                        } else {
-                            scores[i] - mean
-                        }
-                    })
-                    .collect();
-                same(per_row(adv))
-            }
+            } => same(per_row(grpo(&groups()?, &scores, norm_by_std, epsilon))),
             AdvantageEstimator::GroupMeanBatchStd { epsilon } => {
                 let g = groups()?;
                 let std = unbiased_std(&scores);
@@ -241,20 +215,7 @@ impl AdvantageEstimator {
                     .collect();
                 same(per_row(max_rl(&scores, ids, &sampled)))
             }
-            AdvantageEstimator::Rloo => {
-                let g = groups()?;
-                let adv = (0..b)
-                    .map(|i| {
-                        let n = g.size(i) as f64;
-                        if n > 1.0 {
-                            scores[i] * n / (n - 1.0) - g.mean_std(i).0 * n / (n - 1.0)
-                        } else {
-                            scores[i]
-                        }
-                    })
-                    .collect();
-                same(per_row(adv))
-            }
+            AdvantageEstimator::Rloo => same(per_row(rloo(&groups()?, &scores))),
             AdvantageEstimator::Opo => {
                 let g = groups()?;
                 let len: Vec<f64> = (0..b)
@@ -280,27 +241,7 @@ impl AdvantageEstimator {
                         .collect(),
                 ))
             }
-            AdvantageEstimator::Remax => {
-                let baselines = input.reward_baselines.as_ref().ok_or(AlgoError::MissingInput {
-                    loss: "remax".into(),
-                    input: "reward_baselines",
-                    hint: "ReMax needs the reward of a greedy response per row: AdvantageInput::with_reward_baselines",
-                })?;
-                if baselines.len() != b {
-                    return Err(AlgoError::GroupIndex {
-                        got: baselines.len(),
-                        batch: b,
-                    });
-                }
-                let returns = returns_to_go(&rewards, &mask, [b, t], 1.0);
-                let adv: Vec<f64> = (0..b * t)
-                    .map(|k| returns[k] - baselines[k / t] * mask[k])
-                    .collect();
-                AdvantageOutput {
-                    advantages: from_host(adv, [b, t], like),
-                    returns: from_host(returns, [b, t], like),
-                }
-            }
+            AdvantageEstimator::Remax => remax(input, (&rewards, &mask), [b, t])?,
             AdvantageEstimator::ReinforcePlusPlusBaseline => {
                 let g = groups()?;
                 let centered = per_row((0..b).map(|i| scores[i] - g.mean_std(i).0).collect());
@@ -322,36 +263,125 @@ impl AdvantageEstimator {
                 }
             }
             AdvantageEstimator::Gae { gamma, lam } => {
-                let values = input.values.as_ref().ok_or(AlgoError::MissingInput {
-                    loss: "gae".into(),
-                    input: "values",
-                    hint: "GAE needs the critic's values: AdvantageInput::with_values",
-                })?;
-                check_bt("values", values, [b, t])?;
-                let v = to_host(values)?;
-                let mut adv = vec![0.0; b * t];
-                for i in 0..b {
-                    let (mut next_value, mut last_gae) = (0.0, 0.0);
-                    for j in (0..t).rev() {
-                        let k = i * t + j;
-                        let delta = rewards[k] + gamma * next_value - v[k];
-                        let gae = delta + gamma * lam * last_gae;
-                        next_value = v[k] * mask[k] + (1.0 - mask[k]) * next_value;
-                        last_gae = gae * mask[k] + (1.0 - mask[k]) * last_gae;
-                        adv[k] = last_gae;
-                    }
-                }
-                check_whitenable(&mask)?;
-                let adv = from_host(adv, [b, t], like);
-                let returns = adv.clone() + values.clone();
-                AdvantageOutput {
-                    advantages: masked_whiten(adv, &input.response_mask, true),
-                    returns,
-                }
+                gae(input, (&rewards, &mask), [b, t], (gamma, lam))?
             }
         };
         Ok(out)
     }
+}
+
+impl AdvantageEstimator {
+    /// The groups of `input`'s rows with their outcome `scores`, for the group estimators.
+    fn groups(&self, input: &AdvantageInput, scores: &[f64]) -> Result<Groups> {
+        let b = scores.len();
+        match &input.group_index {
+            Some(g) if g.len() == b => Ok(Groups::new(g, scores)),
+            Some(g) => Err(AlgoError::GroupIndex {
+                got: g.len(),
+                batch: b,
+            }),
+            None => Err(AlgoError::MissingInput {
+                loss: format!("{self:?}"),
+                input: "group_index",
+                hint: "give the prompt/group id of every row with AdvantageInput::with_groups",
+            }),
+        }
+    }
+}
+
+/// GRPO's per-row advantages: each score minus its group's mean, divided by the group's std
+/// plus `epsilon` when `norm_by_std`.
+fn grpo(g: &Groups, scores: &[f64], norm_by_std: bool, epsilon: f64) -> Vec<f64> {
+    (0..scores.len())
+        .map(|i| {
+            let (mean, std) = g.mean_std(i);
+            if norm_by_std {
+                (scores[i] - mean) / (std + epsilon)
+            } else {
+                scores[i] - mean
+            }
+        })
+        .collect()
+}
+
+/// RLOO's per-row advantages: each score minus the mean of the others in its group (the score
+/// itself in a group of one).
+fn rloo(g: &Groups, scores: &[f64]) -> Vec<f64> {
+    (0..scores.len())
+        .map(|i| {
+            let n = g.size(i) as f64;
+            if n > 1.0 {
+                scores[i] * n / (n - 1.0) - g.mean_std(i).0 * n / (n - 1.0)
+            } else {
+                scores[i]
+            }
+        })
+        .collect()
+}
+
+/// ReMax: the returns to go minus each row's greedy-response reward (`reward_baselines`).
+fn remax(
+    input: &AdvantageInput,
+    (rewards, mask): (&[f64], &[f64]),
+    [b, t]: [usize; 2],
+) -> Result<AdvantageOutput> {
+    let like = &input.token_rewards;
+    let baselines = input.reward_baselines.as_ref().ok_or(AlgoError::MissingInput {
+        loss: "remax".into(),
+        input: "reward_baselines",
+        hint: "ReMax needs the reward of a greedy response per row: AdvantageInput::with_reward_baselines",
+    })?;
+    if baselines.len() != b {
+        return Err(AlgoError::GroupIndex {
+            got: baselines.len(),
+            batch: b,
+        });
+    }
+    let returns = returns_to_go(rewards, mask, [b, t], 1.0);
+    let adv: Vec<f64> = (0..b * t)
+        .map(|k| returns[k] - baselines[k / t] * mask[k])
+        .collect();
+    Ok(AdvantageOutput {
+        advantages: from_host(adv, [b, t], like),
+        returns: from_host(returns, [b, t], like),
+    })
+}
+
+/// GAE(γ, λ) over the critic's values, whitened over the response tokens; the returns are
+/// the advantages before whitening plus the values.
+fn gae(
+    input: &AdvantageInput,
+    (rewards, mask): (&[f64], &[f64]),
+    [b, t]: [usize; 2],
+    (gamma, lam): (f64, f64),
+) -> Result<AdvantageOutput> {
+    let like = &input.token_rewards;
+    let values = input.values.as_ref().ok_or(AlgoError::MissingInput {
+        loss: "gae".into(),
+        input: "values",
+        hint: "GAE needs the critic's values: AdvantageInput::with_values",
+    })?;
+    check_bt("values", values, [b, t])?;
+    let v = to_host(values)?;
+    let mut adv = vec![0.0; b * t];
+    for i in 0..b {
+        let (mut next_value, mut last_gae) = (0.0, 0.0);
+        for j in (0..t).rev() {
+            let k = i * t + j;
+            let delta = rewards[k] + gamma * next_value - v[k];
+            let gae = delta + gamma * lam * last_gae;
+            next_value = v[k] * mask[k] + (1.0 - mask[k]) * next_value;
+            last_gae = gae * mask[k] + (1.0 - mask[k]) * last_gae;
+            adv[k] = last_gae;
+        }
+    }
+    check_whitenable(mask)?;
+    let adv = from_host(adv, [b, t], like);
+    let returns = adv.clone() + values.clone();
+    Ok(AdvantageOutput {
+        advantages: masked_whiten(adv, &input.response_mask, true),
+        returns,
+    })
 }
 
 /// MaxRL's per-row advantages in f32 arithmetic (group means over sampled rows, in row order).

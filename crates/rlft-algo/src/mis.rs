@@ -99,6 +99,67 @@ pub fn slime_mis(
     cfg: &SlimeMisConfig,
 ) -> Result<SlimeMis> {
     let dims = train_log_prob.dims();
+    check_inputs(rollout_log_prob, mask, dims, cfg)?;
+    let [b, t] = dims;
+    let (tr, ro, mk) = (
+        to_host(train_log_prob)?,
+        to_host(rollout_log_prob)?,
+        to_host(mask)?,
+    );
+    let mut metrics = BTreeMap::new();
+    let mut weights = vec![0.0; b * t];
+    let mut out_mask = vec![0.0; b * t];
+    let mut per_sample: Vec<(std::ops::Range<usize>, f64)> = Vec::new();
+    for i in 0..b {
+        let r = i * t..(i + 1) * t;
+        let m: Vec<f64> = mk[r.clone()].iter().map(|x| f64::from(*x > 0.5)).collect();
+        let n: f64 = m.iter().sum();
+        let mut acc = Acc {
+            m: &m,
+            n,
+            out: &mut metrics,
+        };
+        let (w, modified) = acc.mis_row((&tr[r.clone()], &ro[r.clone()]), cfg);
+        weights[r.clone()].copy_from_slice(&w);
+        out_mask[r.clone()].copy_from_slice(&modified);
+        per_sample.push((r, n));
+    }
+    let factor = cfg
+        .batch_normalize
+        .then(|| batch_normalize(&mut weights, &mk, &per_sample, cfg.tis_level));
+    for (r, n) in &per_sample {
+        let m: Vec<f64> = mk[r.clone()].iter().map(|x| f64::from(*x > 0.5)).collect();
+        let w = &weights[r.clone()];
+        let mut acc = Acc {
+            m: &m,
+            n: *n,
+            out: &mut metrics,
+        };
+        if let Some(f) = factor {
+            acc.row("batch_norm_factor", f);
+        }
+        let valid = || w.iter().zip(&m).filter(|(_, m)| **m > 0.0).map(|(w, _)| *w);
+        acc.tokens("is_ratio_mean_final", |k| w[k]);
+        acc.row("is_ratio_min_final", valid().fold(f64::INFINITY, f64::min));
+        acc.row(
+            "is_ratio_max_final",
+            valid().fold(f64::NEG_INFINITY, f64::max),
+        );
+    }
+    Ok(SlimeMis {
+        weights: from_host(weights, dims, train_log_prob),
+        mask: from_host(out_mask, dims, train_log_prob),
+        metrics,
+    })
+}
+
+/// The shapes and settings [`slime_mis`] refuses.
+fn check_inputs(
+    rollout_log_prob: &Tensor<2>,
+    mask: &Tensor<2>,
+    dims: [usize; 2],
+    cfg: &SlimeMisConfig,
+) -> Result<()> {
     check_shape(
         "rollout_log_prob",
         rollout_log_prob,
@@ -125,62 +186,104 @@ pub fn slime_mis(
             allowed: "slime normalises token- or sequence-level weights only; set tis_level to token or sequence, or switch batch normalisation off".into(),
         });
     }
-    let [b, t] = dims;
-    let (tr, ro, mk) = (
-        to_host(train_log_prob)?,
-        to_host(rollout_log_prob)?,
-        to_host(mask)?,
-    );
-    let lower = cfg.tis_lower.unwrap_or(1.0 / cfg.tis_upper);
-    let mut metrics = BTreeMap::new();
-    let mut weights = vec![0.0; b * t];
-    let mut out_mask = vec![0.0; b * t];
-    let mut per_sample: Vec<(std::ops::Range<usize>, f64)> = Vec::new();
-    for i in 0..b {
-        let r = i * t..(i + 1) * t;
-        let m: Vec<f64> = mk[r.clone()].iter().map(|x| f64::from(*x > 0.5)).collect();
-        let n: f64 = m.iter().sum();
-        let (trv, rov) = (&tr[r.clone()], &ro[r.clone()]);
+    Ok(())
+}
+
+/// Divides `weights` by their batch mean (over tokens at token level, of the rows' means
+/// otherwise); returns the factor (1 when the mean is ~0).
+fn batch_normalize(
+    weights: &mut [f64],
+    mk: &[f64],
+    per_sample: &[(std::ops::Range<usize>, f64)],
+    level: IsLevel,
+) -> f64 {
+    let mean = match level {
+        IsLevel::Token => {
+            let s: f64 = (0..weights.len())
+                .map(|k| weights[k] * f64::from(mk[k] > 0.5))
+                .sum();
+            let n: f64 = per_sample.iter().map(|(_, n)| n).sum();
+            s / n.max(1.0)
+        }
+        _ => {
+            let s: f64 = per_sample
+                .iter()
+                .map(|(r, n)| weights[r.clone()].iter().sum::<f64>() / n.max(1.0))
+                .sum();
+            s / per_sample.len().max(1) as f64
+        }
+    };
+    if mean > 1e-8 {
+        weights.iter_mut().for_each(|w| *w /= mean);
+        mean
+    } else {
+        1.0
+    }
+}
+
+impl Acc<'_> {
+    /// One row's weights and mask from its π_old (`trv`) and μ (`rov`) log-probs, with its
+    /// diagnostics, truncation and rejection metrics.
+    fn mis_row(
+        &mut self,
+        (trv, rov): (&[f64], &[f64]),
+        cfg: &SlimeMisConfig,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let m = self.m;
+        let t = m.len();
         let d: Vec<f64> = (0..t)
             .map(|k| if m[k] > 0.0 { trv[k] - rov[k] } else { 0.0 })
             .collect();
-        let mean = |v: &[f64]| v.iter().zip(&m).map(|(x, m)| x * m).sum::<f64>() / n.max(1.0);
-        let mut acc = Acc {
-            m: &m,
-            n,
-            out: &mut metrics,
-        };
-        let (mt, mr) = (mean(trv), mean(rov));
-        acc.row("training_log_ppl", -mt);
-        acc.row("training_ppl", (-mt).exp());
-        acc.row("rollout_log_ppl", -mr);
-        acc.row("rollout_ppl", (-mr).exp());
-        acc.tokens("kl", |k| -d[k]);
-        acc.tokens("k3_kl", |k| d[k].exp() - d[k] - 1.0);
-        acc.row("log_ppl_diff", mr - mt);
-        acc.row("log_ppl_abs_diff", (mr - mt).abs());
-        acc.row("ppl_ratio", (mr - mt).exp());
-        let rho2: Vec<f64> = d
-            .iter()
-            .map(|x| (2.0 * x.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp())
-            .collect();
-        acc.row("chi2_token", mean(&rho2) - 1.0);
-        let sum_d: f64 = d.iter().sum();
-        acc.row(
-            "chi2_seq",
-            (2.0 * sum_d.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp() - 1.0,
-        );
-
-        let lr_tis = level_log_ratio(&d, &m, cfg.tis_level);
+        self.diagnostics((trv, rov), &d);
+        let lr_tis = level_log_ratio(&d, m, cfg.tis_level);
         let raw: Vec<f64> = lr_tis
             .iter()
             .map(|x| x.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp())
             .collect();
-        acc.tokens("tis_weight_before_bound", |k| raw[k]);
-        let mut modified = m.clone();
-        let w: Vec<f64> = match cfg.tis_mode {
+        self.tokens("tis_weight_before_bound", |k| raw[k]);
+        let mut modified = m.to_vec();
+        let w = self.bound(&raw, cfg, &mut modified);
+        self.tokens("tis_weight_after_bound", |k| w[k]);
+        if let Some(rs) = cfg.rs {
+            self.reject(&d, &lr_tis, rs, cfg, &mut modified);
+        }
+        self.tokens("is_ratio_mean_after_tis_rs", |k| w[k]);
+        (w, modified)
+    }
+
+    /// The gap between π_old and μ on one row: perplexities, KL estimates, χ².
+    fn diagnostics(&mut self, (trv, rov): (&[f64], &[f64]), d: &[f64]) {
+        let (m, n) = (self.m, self.n);
+        let mean = |v: &[f64]| v.iter().zip(m).map(|(x, m)| x * m).sum::<f64>() / n.max(1.0);
+        let (mt, mr) = (mean(trv), mean(rov));
+        self.row("training_log_ppl", -mt);
+        self.row("training_ppl", (-mt).exp());
+        self.row("rollout_log_ppl", -mr);
+        self.row("rollout_ppl", (-mr).exp());
+        self.tokens("kl", |k| -d[k]);
+        self.tokens("k3_kl", |k| d[k].exp() - d[k] - 1.0);
+        self.row("log_ppl_diff", mr - mt);
+        self.row("log_ppl_abs_diff", (mr - mt).abs());
+        self.row("ppl_ratio", (mr - mt).exp());
+        let rho2: Vec<f64> = d
+            .iter()
+            .map(|x| (2.0 * x.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp())
+            .collect();
+        self.row("chi2_token", mean(&rho2) - 1.0);
+        let sum_d: f64 = d.iter().sum();
+        self.row(
+            "chi2_seq",
+            (2.0 * sum_d.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp() - 1.0,
+        );
+    }
+
+    /// The row's weights `raw` bounded as `cfg.tis_mode` says (masked tokens into `modified`).
+    fn bound(&mut self, raw: &[f64], cfg: &SlimeMisConfig, modified: &mut [f64]) -> Vec<f64> {
+        let (m, t) = (self.m, self.m.len());
+        let lower = cfg.tis_lower.unwrap_or(1.0 / cfg.tis_upper);
+        match cfg.tis_mode {
             TisMode::Truncate => {
-                acc.tokens("tis_truncate_fraction", |k| {
+                self.tokens("tis_truncate_fraction", |k| {
                     f64::from(raw[k] > cfg.tis_upper)
                 });
                 (0..t)
@@ -188,8 +291,8 @@ pub fn slime_mis(
                     .collect()
             }
             TisMode::Clip => {
-                acc.tokens("tis_clip_fraction_low", |k| f64::from(raw[k] < lower));
-                acc.tokens("tis_clip_fraction_high", |k| {
+                self.tokens("tis_clip_fraction_low", |k| f64::from(raw[k] < lower));
+                self.tokens("tis_clip_fraction_high", |k| {
                     f64::from(raw[k] > cfg.tis_upper)
                 });
                 (0..t)
@@ -197,8 +300,8 @@ pub fn slime_mis(
                     .collect()
             }
             TisMode::Mask => {
-                acc.tokens("tis_mask_fraction_low", |k| f64::from(raw[k] < lower));
-                acc.tokens("tis_mask_fraction_high", |k| {
+                self.tokens("tis_mask_fraction_low", |k| f64::from(raw[k] < lower));
+                self.tokens("tis_mask_fraction_high", |k| {
                     f64::from(raw[k] > cfg.tis_upper)
                 });
                 for k in 0..t {
@@ -206,90 +309,47 @@ pub fn slime_mis(
                 }
                 (0..t).map(|k| raw[k] * m[k]).collect()
             }
-        };
-        acc.tokens("tis_weight_after_bound", |k| w[k]);
-        if let Some((level, rs_lo, rs_hi)) = cfg.rs {
-            let (lo, hi) = (rs_lo.unwrap_or(lower), rs_hi.unwrap_or(cfg.tis_upper));
-            let lr = if level == cfg.tis_level {
-                lr_tis.clone()
-            } else {
-                level_log_ratio(&d, &m, level)
-            };
-            let ws: Vec<f64> = lr
-                .iter()
-                .map(|x| x.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp())
-                .collect();
-            acc.tokens("rs_mask_fraction_low", |k| f64::from(ws[k] < lo));
-            acc.tokens("rs_mask_fraction_high", |k| f64::from(ws[k] > hi));
-            for k in 0..t {
-                modified[k] *= f64::from(ws[k] >= lo && ws[k] <= hi);
-            }
-            if let Some(v) = cfg.veto {
-                let log_v = v.ln();
-                let bad: Vec<bool> = (0..t).map(|k| m[k] > 0.0 && d[k] < log_v).collect();
-                let any = bad.iter().any(|x| *x);
-                acc.tokens("rs_catastrophic_token_fraction", |k| f64::from(bad[k]));
-                acc.row("rs_catastrophic_seq_fraction", f64::from(any));
-                if any {
-                    modified.iter_mut().for_each(|x| *x = 0.0);
-                }
-            }
         }
-        acc.tokens("is_ratio_mean_after_tis_rs", |k| w[k]);
-        weights[r.clone()].copy_from_slice(&w);
-        out_mask[r.clone()].copy_from_slice(&modified);
-        per_sample.push((r, n));
     }
-    let mut factor = None;
-    if cfg.batch_normalize {
-        let mean = match cfg.tis_level {
-            IsLevel::Token => {
-                let s: f64 = (0..b * t)
-                    .map(|k| weights[k] * f64::from(mk[k] > 0.5))
-                    .sum();
-                let n: f64 = per_sample.iter().map(|(_, n)| n).sum();
-                s / n.max(1.0)
-            }
-            _ => {
-                let s: f64 = per_sample
-                    .iter()
-                    .map(|(r, n)| weights[r.clone()].iter().sum::<f64>() / n.max(1.0))
-                    .sum();
-                s / b.max(1) as f64
-            }
-        };
-        let f = if mean > 1e-8 {
-            weights.iter_mut().for_each(|w| *w /= mean);
-            mean
+
+    /// Rejection sampling at `level` within `[lo, hi]` (defaults: the truncation's bounds) and
+    /// slime's veto of a row with a catastrophic token, into `modified`.
+    fn reject(
+        &mut self,
+        d: &[f64],
+        lr_tis: &[f64],
+        (level, rs_lo, rs_hi): (IsLevel, Option<f64>, Option<f64>),
+        cfg: &SlimeMisConfig,
+        modified: &mut [f64],
+    ) {
+        let (m, t) = (self.m, self.m.len());
+        let lower = cfg.tis_lower.unwrap_or(1.0 / cfg.tis_upper);
+        let (lo, hi) = (rs_lo.unwrap_or(lower), rs_hi.unwrap_or(cfg.tis_upper));
+        let lr = if level == cfg.tis_level {
+            lr_tis.to_vec()
         } else {
-            1.0
+            level_log_ratio(d, m, level)
         };
-        factor = Some(f);
-    }
-    for (r, n) in &per_sample {
-        let m: Vec<f64> = mk[r.clone()].iter().map(|x| f64::from(*x > 0.5)).collect();
-        let w = &weights[r.clone()];
-        let mut acc = Acc {
-            m: &m,
-            n: *n,
-            out: &mut metrics,
-        };
-        if let Some(f) = factor {
-            acc.row("batch_norm_factor", f);
+        let ws: Vec<f64> = lr
+            .iter()
+            .map(|x| x.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp())
+            .collect();
+        self.tokens("rs_mask_fraction_low", |k| f64::from(ws[k] < lo));
+        self.tokens("rs_mask_fraction_high", |k| f64::from(ws[k] > hi));
+        for k in 0..t {
+            modified[k] *= f64::from(ws[k] >= lo && ws[k] <= hi);
         }
-        let valid = || w.iter().zip(&m).filter(|(_, m)| **m > 0.0).map(|(w, _)| *w);
-        acc.tokens("is_ratio_mean_final", |k| w[k]);
-        acc.row("is_ratio_min_final", valid().fold(f64::INFINITY, f64::min));
-        acc.row(
-            "is_ratio_max_final",
-            valid().fold(f64::NEG_INFINITY, f64::max),
-        );
+        if let Some(v) = cfg.veto {
+            let log_v = v.ln();
+            let bad: Vec<bool> = (0..t).map(|k| m[k] > 0.0 && d[k] < log_v).collect();
+            let any = bad.iter().any(|x| *x);
+            self.tokens("rs_catastrophic_token_fraction", |k| f64::from(bad[k]));
+            self.row("rs_catastrophic_seq_fraction", f64::from(any));
+            if any {
+                modified.iter_mut().for_each(|x| *x = 0.0);
+            }
+        }
     }
-    Ok(SlimeMis {
-        weights: from_host(weights, dims, train_log_prob),
-        mask: from_host(out_mask, dims, train_log_prob),
-        metrics,
-    })
 }
 
 #[cfg(test)]

@@ -186,10 +186,10 @@ impl HostMatrix {
             #[cfg(target_arch = "x86_64")]
             if isa == Isa::Avx512 {
                 // SAFETY: `detect` saw AVX-512.
-                unsafe { x86::panel_avx512(x, m, k, panel, out, width, c, cols) };
+                unsafe { x86::panel_avx512(&PanelBlock { x, m, k, panel }, out, [width, c, cols]) };
                 continue;
             }
-            panel_block(x, m, k, panel, out, width, c, cols);
+            panel_block(&PanelBlock { x, m, k, panel }, out, [width, c, cols]);
         }
     }
 }
@@ -218,7 +218,7 @@ impl Isa {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The AVX-512 version of the panel kernel: the accumulators stay in the vector registers.
-    use super::{LANES, MAX_ROWS, PANEL};
+    use super::{LANES, MAX_ROWS, PANEL, PanelBlock};
     use std::arch::x86_64::*;
 
     /// Panel rows between a prefetch and the load it serves.
@@ -226,16 +226,10 @@ mod x86 {
 
     /// [`super::panel_block`] with the accumulators in registers.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn panel_avx512(
-        x: &[f32],
-        m: usize,
-        k: usize,
-        panel: &[f32],
+        &PanelBlock { x, m, k, panel }: &PanelBlock<'_>,
         out: &mut [f32],
-        width: usize,
-        c: usize,
-        cols: usize,
+        [width, c, cols]: [usize; 3],
     ) {
         assert!(m <= MAX_ROWS && x.len() >= m * k && panel.len() >= k * PANEL);
         assert!(cols <= PANEL && out.len() >= m * width && c + cols <= width);
@@ -272,19 +266,22 @@ mod x86 {
     }
 }
 
-/// One panel (`[k, PANEL]`, see [`HostMatrix`]) of `x · W` for `m` rows, its first `cols`
-/// columns written to columns `c..c + cols` of `out` (`[m, width]`): each weight row of the panel
-/// is read once for all rows.
-#[allow(clippy::too_many_arguments)]
-fn panel_block(
-    x: &[f32],
+/// The operands of one panel product: `m` rows of `x` (`[m, k]`) and one panel of `W`
+/// (`[k, PANEL]`, see [`HostMatrix`]).
+struct PanelBlock<'a> {
+    x: &'a [f32],
     m: usize,
     k: usize,
-    panel: &[f32],
+    panel: &'a [f32],
+}
+
+/// One panel of `x · W` for `m` rows, its first `cols` columns written to columns
+/// `c..c + cols` of `out` (`[m, width]`; `[width, c, cols]`): each weight row of the panel is
+/// read once for all rows.
+fn panel_block(
+    &PanelBlock { x, m, k, panel }: &PanelBlock<'_>,
     out: &mut [f32],
-    width: usize,
-    c: usize,
-    cols: usize,
+    [width, c, cols]: [usize; 3],
 ) {
     let mut acc = vec![0f32; m * PANEL];
     for (kk, wrow) in panel.chunks(PANEL).take(k).enumerate() {

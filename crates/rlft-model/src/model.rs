@@ -8,6 +8,9 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::{Embedding, Linear};
 use burn::tensor::{Bool, DType, FloatDType, Int, Tensor};
 
+/// The attention mask of each sliding window `w` of a pass.
+type WindowMasks = Vec<(usize, Tensor<4, Bool>)>;
+
 /// A decoder-only causal language model.
 #[derive(Module, Debug)]
 pub struct Transformer {
@@ -315,6 +318,36 @@ impl Transformer {
         }
     }
 
+    /// The masks of the sliding layers, one per window `w`: `mask` plus the keys more than
+    /// `w - 1` positions back in the query's own sequence; with them the positions of every
+    /// key so far (taken from `cache`: only a model with windows keeps them there).
+    fn window_masks(
+        &self,
+        input: &ForwardInput,
+        mut cache: Option<&mut KvCache>,
+        mask: &Tensor<4, Bool>,
+    ) -> (WindowMasks, Option<Tensor<2, Int>>) {
+        let [b, _, l, total] = mask.dims();
+        let mut windows: WindowMasks = Vec::new();
+        let mut key_positions = None;
+        for w in self.layers.iter().filter_map(|l| l.self_attn.window) {
+            let keys = key_positions.get_or_insert_with(|| {
+                match cache.as_mut().and_then(|c| c.positions.take()) {
+                    Some(old) => Tensor::cat(vec![old, input.position_ids.clone()], 1),
+                    None => input.position_ids.clone(),
+                }
+            });
+            if windows.iter().all(|(v, _)| *v != w) {
+                let q = input.position_ids.clone().unsqueeze_dim::<3>(2);
+                let k = keys.clone().unsqueeze_dim::<3>(1);
+                let far = (q.expand([b, l, total]) - k.expand([b, l, total]))
+                    .greater_equal_elem(w as i64);
+                windows.push((w, mask.clone().bool_or(far.unsqueeze_dim::<4>(1))));
+            }
+        }
+        (windows, key_positions)
+    }
+
     /// [`Transformer::hidden_states_cached`] with the weights as they are.
     fn hidden_states_in_place(
         &self,
@@ -371,25 +404,7 @@ impl Transformer {
             .unsqueeze::<4>()
             .expand([b, 1, l, total]);
         mask = mask.bool_and(not_own);
-        // Sliding layers: keys at most `w - 1` positions back in the query's own sequence. Only
-        // a model with windows keeps its keys' positions in the cache.
-        let mut windows: Vec<(usize, Tensor<4, Bool>)> = Vec::new();
-        let mut key_positions = None;
-        for w in self.layers.iter().filter_map(|l| l.self_attn.window) {
-            let keys = key_positions.get_or_insert_with(|| {
-                match cache.as_mut().and_then(|c| c.positions.take()) {
-                    Some(old) => Tensor::cat(vec![old, input.position_ids.clone()], 1),
-                    None => input.position_ids.clone(),
-                }
-            });
-            if windows.iter().all(|(v, _)| *v != w) {
-                let q = input.position_ids.clone().unsqueeze_dim::<3>(2);
-                let k = keys.clone().unsqueeze_dim::<3>(1);
-                let far = (q.expand([b, l, total]) - k.expand([b, l, total]))
-                    .greater_equal_elem(w as i64);
-                windows.push((w, mask.clone().bool_or(far.unsqueeze_dim::<4>(1))));
-            }
-        }
+        let (windows, key_positions) = self.window_masks(input, cache.as_deref_mut(), &mask);
         if let Some(c) = cache.as_mut() {
             c.mask = Some(key_mask);
             c.positions = key_positions;

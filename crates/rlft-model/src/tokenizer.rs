@@ -150,8 +150,8 @@ impl Tokenizer {
                 path,
                 format!(
                     "tokenizer.ggml.model = '{model}': rlft converts byte-level BPE \
-                     ('{BYTE_LEVEL_BPE}') and SentencePiece ('{SENTENCEPIECE}') GGUF tokenizers; load the HF checkpoint with its \
-                     tokenizer.json instead"
+                     ('{BYTE_LEVEL_BPE}') and SentencePiece ('{SENTENCEPIECE}') GGUF \
+                     tokenizers; load the HF checkpoint with its tokenizer.json instead"
                 ),
             ));
         }
@@ -192,30 +192,7 @@ impl Tokenizer {
             "post_processor": null,
         });
         let parts = if model == SENTENCEPIECE {
-            let scores: Vec<f32> = match file.get("tokenizer.ggml.scores") {
-                Some(GgufValue::Array(a)) if a.len() == tokens.len() => a
-                    .iter()
-                    .map(|v| v.as_f64().map(|x| x as f32))
-                    .collect::<Option<_>>()
-                    .ok_or_else(|| tok_err(path, "'tokenizer.ggml.scores' holds a non-number"))?,
-                _ => {
-                    return Err(tok_err(
-                        path,
-                        "a SentencePiece vocabulary needs 'tokenizer.ggml.scores', one per token",
-                    ));
-                }
-            };
-            // llama.cpp: token type 2 is the unknown token.
-            let unk = tokens
-                .iter()
-                .zip(&types)
-                .find(|(_, ty)| **ty == 2)
-                .map(|(t, _)| t.as_str());
-            let prefix = file
-                .get("tokenizer.ggml.add_space_prefix")
-                .and_then(GgufValue::as_bool)
-                .unwrap_or(true);
-            spm::spec(vocab, &tokens, &scores, unk, prefix)
+            sentencepiece(file, vocab, &tokens, &types)?
         } else {
             byte_level_bpe(file, vocab)?
         };
@@ -465,6 +442,42 @@ fn gguf_strings(file: &GgufFile, key: &str) -> Result<Vec<String>> {
         .as_array()
         .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect())
         .ok_or_else(|| tok_err(file.path(), format!("'{key}' is not an array of strings")))
+}
+
+/// The `tokenizer.json` parts of a SentencePiece vocabulary (`tokenizer.ggml.model =
+/// "llama"`): its pieces ranked by score into merges ([`spm::spec`]), the unknown token (type
+/// 2) and whether a space is put before the text.
+fn sentencepiece(
+    file: &GgufFile,
+    vocab: serde_json::Map<String, Value>,
+    tokens: &[String],
+    types: &[i64],
+) -> Result<serde_json::Map<String, Value>> {
+    let path = file.path();
+    let scores: Vec<f32> = match file.get("tokenizer.ggml.scores") {
+        Some(GgufValue::Array(a)) if a.len() == tokens.len() => a
+            .iter()
+            .map(|v| v.as_f64().map(|x| x as f32))
+            .collect::<Option<_>>()
+            .ok_or_else(|| tok_err(path, "'tokenizer.ggml.scores' holds a non-number"))?,
+        _ => {
+            return Err(tok_err(
+                path,
+                "a SentencePiece vocabulary needs 'tokenizer.ggml.scores', one per token",
+            ));
+        }
+    };
+    // llama.cpp: token type 2 is the unknown token.
+    let unk = tokens
+        .iter()
+        .zip(types)
+        .find(|(_, ty)| **ty == 2)
+        .map(|(t, _)| t.as_str());
+    let prefix = file
+        .get("tokenizer.ggml.add_space_prefix")
+        .and_then(GgufValue::as_bool)
+        .unwrap_or(true);
+    Ok(spm::spec(vocab, tokens, &scores, unk, prefix))
 }
 
 /// The `tokenizer.json` parts of a byte-level BPE vocabulary (`tokenizer.ggml.model = "gpt2"`):

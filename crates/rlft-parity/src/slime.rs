@@ -8,7 +8,7 @@ use burn::tensor::Tensor;
 use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation, aggregate_loss};
 use rlft_algo::correction::IsLevel;
 use rlft_algo::filters::opsm_slime;
-use rlft_algo::loss::{LossRegistry, PolicyLossInput};
+use rlft_algo::loss::{LossRegistry, PolicyLossConfig, PolicyLossInput};
 use rlft_algo::mis::{SlimeMisConfig, TisMode, slime_mis};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -44,21 +44,32 @@ fn mis_config(c: &Case<'_>) -> Result<SlimeMisConfig> {
     })
 }
 
-pub(crate) fn policy_loss(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
+/// slime's loss as rlft's: its registry name and configuration.
+fn slime_loss(c: &Case<'_>) -> Result<(&'static str, PolicyLossConfig)> {
     let s = |k: &str| c.get(&["config", "slime", k]);
     let num = |k: &str| s(k).and_then(Value::as_f64);
-    let flag = |k: &str| s(k).and_then(Value::as_bool).unwrap_or(false);
     let name = match s("advantage_estimator").and_then(Value::as_str) {
         Some("cispo") => "cispo",
         _ => "ppo",
     };
-    let registry = LossRegistry::with_builtins();
-    let mut cfg = registry.resolve(name).map_err(|e| c.algo(e))?.config;
+    let mut cfg = LossRegistry::with_builtins()
+        .resolve(name)
+        .map_err(|e| c.algo(e))?
+        .config;
     let eps = num("eps_clip").unwrap_or(0.2);
     cfg.clip_ratio_low = eps;
     cfg.clip_ratio_high = num("eps_clip_high").unwrap_or(eps);
     cfg.dual_clip = num("eps_clip_c");
     cfg.aggregation = LossAggregation::SampleMean;
+    Ok((name, cfg))
+}
+
+pub(crate) fn policy_loss(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
+    let s = |k: &str| c.get(&["config", "slime", k]);
+    let num = |k: &str| s(k).and_then(Value::as_f64);
+    let flag = |k: &str| s(k).and_then(Value::as_bool).unwrap_or(false);
+    let (name, cfg) = slime_loss(c)?;
+    let registry = LossRegistry::with_builtins();
     let log_prob = c.tensor::<2>("log_prob")?.require_grad();
     let [b, _] = log_prob.dims();
     let (mask, mask_v) = c.mask()?;

@@ -9,12 +9,21 @@ use rlft_algo::aggregation::{GlobalBatchInfo, LossAggregation};
 use rlft_algo::diagnostics::trl_clip_ratios;
 use rlft_algo::filters::{opsm_trl, top_entropy_mask};
 use rlft_algo::kl::KlEstimator;
-use rlft_algo::loss::{LossRegistry, PolicyLossInput};
+use rlft_algo::loss::{LossRegistry, PolicyLoss, PolicyLossConfig, PolicyLossInput};
 use rlft_algo::ratio::RatioLevel;
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-pub(crate) fn policy_loss(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
+/// TRL's loss type as rlft's loss: its name, ratio level, configuration and the built loss.
+fn trl_loss(
+    c: &Case<'_>,
+) -> Result<(
+    &'static str,
+    RatioLevel,
+    PolicyLossConfig,
+    Arc<dyn PolicyLoss>,
+)> {
     let mode = c.str(&["config", "loss_mode"])?;
     let trl = |k: &str| c.get(&["config", "trl", k]);
     let num = |k: &str| trl(k).and_then(Value::as_f64);
@@ -54,7 +63,12 @@ pub(crate) fn policy_loss(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
     let loss = registry
         .build(name, settings.as_ref())
         .map_err(|e| c.algo(e))?;
+    Ok((name, level, cfg, loss))
+}
 
+pub(crate) fn policy_loss(c: &Case<'_>, cmp: &mut Compare) -> Result<()> {
+    let num = |k: &str| c.get(&["config", "trl", k]).and_then(Value::as_f64);
+    let (name, level, cfg, loss) = trl_loss(c)?;
     let log_prob = c.tensor::<2>("log_prob")?.require_grad();
     let [b, t] = log_prob.dims();
     let (mask, mask_v) = c.mask()?;

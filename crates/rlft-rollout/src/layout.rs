@@ -77,6 +77,28 @@ fn first_fit(lens: &[usize], width: usize) -> (Vec<usize>, Vec<usize>) {
     (bin_of, fill)
 }
 
+/// The units of a layout: each distinct prompt (with its lead pad if empty) and the rows that
+/// share it, in order of first appearance.
+fn prompt_units<T: Copy + Into<i64>>(
+    rows: &[(&[T], usize)],
+    pad_id: i64,
+) -> Vec<(Vec<i64>, Vec<usize>)> {
+    let mut units: Vec<(Vec<i64>, Vec<usize>)> = Vec::new();
+    let mut unit_of: HashMap<Vec<i64>, usize> = HashMap::new();
+    for (k, (row, pl)) in rows.iter().enumerate() {
+        let prompt = match *pl {
+            0 => vec![pad_id],
+            pl => row[..pl].iter().map(|&t| t.into()).collect(),
+        };
+        let u = *unit_of.entry(prompt.clone()).or_insert_with(|| {
+            units.push((prompt, Vec::new()));
+            units.len() - 1
+        });
+        units[u].1.push(k);
+    }
+    units
+}
+
 impl LearnerBatch {
     /// Packs rows given as `(prompt + response tokens, prompt length)`; padding uses `pad_id`.
     /// Rows whose prompts are equal (a GRPO group) share one copy of it: the prompt is laid out
@@ -85,21 +107,7 @@ impl LearnerBatch {
     /// `pad_id` token in front, whose logits predict its first response token.
     pub fn new<T: Copy + Into<i64>>(rows: &[(&[T], usize)], pad_id: i64, device: &Device) -> Self {
         let n = rows.len();
-        let wide = |ids: &[T]| ids.iter().map(|&t| t.into()).collect::<Vec<i64>>();
-        // Units: a prompt (with its lead pad if empty) and the responses of the rows that share it.
-        let mut units: Vec<(Vec<i64>, Vec<usize>)> = Vec::new();
-        let mut unit_of: HashMap<Vec<i64>, usize> = HashMap::new();
-        for (k, (row, pl)) in rows.iter().enumerate() {
-            let prompt = match *pl {
-                0 => vec![pad_id],
-                pl => wide(&row[..pl]),
-            };
-            let u = *unit_of.entry(prompt.clone()).or_insert_with(|| {
-                units.push((prompt, Vec::new()));
-                units.len() - 1
-            });
-            units[u].1.push(k);
-        }
+        let units = prompt_units(rows, pad_id);
         let response = |k: usize| &rows[k].0[rows[k].1..];
         let lens: Vec<usize> = units
             .iter()

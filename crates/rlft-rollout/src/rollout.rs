@@ -269,36 +269,86 @@ pub fn rollout_with(
         return Err(RolloutError::Config("group_size must be at least 1".into()));
     }
     let mut batch = RolloutBatch::default();
-    let mut kept = Vec::new();
-    let mut episodes = Vec::new();
-    for ex in examples {
-        let text = ex.prompt.render(tokenizer)?;
-        if tokenizer.surely_longer_than(text.len(), cfg.max_prompt_len) {
-            batch.skipped_prompts += 1;
-            continue;
-        }
-        let ids = tokenizer.encode(&text)?;
-        if ids.is_empty() || ids.len() > cfg.max_prompt_len {
-            batch.skipped_prompts += 1;
-            continue;
-        }
-        for _ in 0..cfg.group_size {
-            episodes.push(Episode::new(kept.len(), &ids));
-        }
-        kept.push(ex.clone());
-    }
+    let mut run = Episodes::start(tokenizer, cfg, examples, &mut batch)?;
     let mut stop_strings = cfg.sampling.stop_strings.clone();
     stop_strings.extend(env.stop_strings());
-    let record_kept = cfg.sampling.kept_ids_max > 0;
     let start = std::time::Instant::now();
     for turn in 0..cfg.max_turns.max(1) {
-        let active: Vec<usize> = (0..episodes.len()).filter(|&i| !episodes[i].done).collect();
-        if active.is_empty() {
+        if run.list.iter().all(|e| e.done) {
             break;
         }
-        // Rows with the same remaining budget share a call (budgets differ after observations).
+        let call = ModelTurn {
+            cfg,
+            stop_strings: &stop_strings,
+            seed,
+            turn,
+        };
+        run.sample(generator, &call, &mut batch)?;
+        // The environment answers every row that stopped on a stop string.
+        run.observe(tokenizer, env, &call, generator.version())?;
+    }
+    batch.generate_seconds = start.elapsed().as_secs_f64();
+    batch.groups = run.score(tokenizer, rewards, version, &mut batch)?;
+    Ok(batch)
+}
+
+/// One model turn's sampler settings.
+struct ModelTurn<'a> {
+    cfg: &'a RolloutConfig,
+    /// The recipe's stop strings and the environment's.
+    stop_strings: &'a [String],
+    seed: u64,
+    turn: usize,
+}
+
+/// A batch's episodes under way, and the examples they answer (one group per example).
+struct Episodes {
+    kept: Vec<Example>,
+    list: Vec<Episode>,
+}
+
+impl Episodes {
+    /// `group_size` episodes per example whose rendered prompt fits `max_prompt_len` (the
+    /// others are counted as skipped in `batch`).
+    fn start(
+        tokenizer: &Tokenizer,
+        cfg: &RolloutConfig,
+        examples: &[Example],
+        batch: &mut RolloutBatch,
+    ) -> Result<Self> {
+        let mut kept = Vec::new();
+        let mut list = Vec::new();
+        for ex in examples {
+            let text = ex.prompt.render(tokenizer)?;
+            if tokenizer.surely_longer_than(text.len(), cfg.max_prompt_len) {
+                batch.skipped_prompts += 1;
+                continue;
+            }
+            let ids = tokenizer.encode(&text)?;
+            if ids.is_empty() || ids.len() > cfg.max_prompt_len {
+                batch.skipped_prompts += 1;
+                continue;
+            }
+            for _ in 0..cfg.group_size {
+                list.push(Episode::new(kept.len(), &ids));
+            }
+            kept.push(ex.clone());
+        }
+        Ok(Self { kept, list })
+    }
+
+    /// The model's turn: every unfinished episode continued by `generator`, episodes with the
+    /// same remaining budget in one call (budgets differ after observations).
+    fn sample(
+        &mut self,
+        generator: &mut dyn Generator,
+        call: &ModelTurn<'_>,
+        batch: &mut RolloutBatch,
+    ) -> Result<()> {
+        let (cfg, episodes) = (call.cfg, &mut self.list);
+        let record_kept = cfg.sampling.kept_ids_max > 0;
         let mut by_budget: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-        for &i in &active {
+        for i in (0..episodes.len()).filter(|&i| !episodes[i].done) {
             let used = episodes[i].context.len() - episodes[i].prompt_len;
             let budget = cfg
                 .sampling
@@ -322,8 +372,8 @@ pub fn rollout_with(
                 .sampling
                 .clone()
                 .with_max_new_tokens(budget)
-                .with_stop_strings(stop_strings.clone())
-                .with_seed(spread(seed) ^ (turn as u64) << 48 ^ budget as u64);
+                .with_stop_strings(call.stop_strings.to_vec())
+                .with_seed(spread(call.seed) ^ (call.turn as u64) << 48 ^ budget as u64);
             let Generated {
                 completions: out,
                 versions,
@@ -359,12 +409,25 @@ pub fn rollout_with(
                 e.done = c.finish_reason != FinishReason::Stop;
             }
         }
-        // The environment answers every row that stopped on a stop string.
-        for e in episodes.iter_mut().filter(|e| !e.done) {
+        Ok(())
+    }
+
+    /// The environment's turn: each episode that stopped on a stop string gets its answer
+    /// (an observation, appended untrained with `version`, or the end of the episode).
+    fn observe(
+        &mut self,
+        tokenizer: &Tokenizer,
+        env: &dyn Environment,
+        call: &ModelTurn<'_>,
+        version: u64,
+    ) -> Result<()> {
+        let cfg = call.cfg;
+        let record_kept = cfg.sampling.kept_ids_max > 0;
+        for e in self.list.iter_mut().filter(|e| !e.done) {
             let turn_text = tokenizer.decode(&e.context[e.turn_start..], false)?;
-            match env.step_in_episode(&kept[e.group], &turn_text, &mut e.state)? {
+            match env.step_in_episode(&self.kept[e.group], &turn_text, &mut e.state)? {
                 EnvStep::Done => e.done = true,
-                EnvStep::Observation(_) if turn + 1 == cfg.max_turns => {
+                EnvStep::Observation(_) if call.turn + 1 == cfg.max_turns => {
                     // Out of turns: the model wanted to go on.
                     e.done = true;
                     e.truncated = true;
@@ -376,8 +439,7 @@ pub fn rollout_with(
                     let room = cfg.max_total_tokens.saturating_sub(used);
                     let n = obs.len().min(room);
                     e.context.extend(&obs[..n]);
-                    e.versions
-                        .extend(std::iter::repeat_n(generator.version(), n));
+                    e.versions.extend(std::iter::repeat_n(version, n));
                     e.loss_mask.extend(std::iter::repeat_n(0u8, n));
                     e.logprobs.extend(std::iter::repeat_n(0.0f32, n));
                     if record_kept {
@@ -391,35 +453,67 @@ pub fn rollout_with(
                 }
             }
         }
+        Ok(())
     }
-    batch.generate_seconds = start.elapsed().as_secs_f64();
-    let start = std::time::Instant::now();
-    let inputs = episodes
-        .iter()
-        .map(|e| {
-            let ex = &kept[e.group];
-            Ok(RewardInput {
-                prompt: ex.prompt.user_text().to_string(),
-                completion: tokenizer.decode(&e.context[e.prompt_len..], true)?,
-                answer: ex.answer.clone(),
-                alternatives: ex.alternatives.clone(),
-                metadata: ex.metadata.clone(),
-                response_len: e.loss_mask.iter().filter(|&&m| m == 1).count(),
-                truncated: e.truncated,
+
+    /// The finished episodes scored by `rewards` and grouped by example; an episode without
+    /// model tokens is of `version`.
+    fn score(
+        self,
+        tokenizer: &Tokenizer,
+        rewards: &RewardSet,
+        version: u64,
+        batch: &mut RolloutBatch,
+    ) -> Result<Vec<Group>> {
+        let Self {
+            kept,
+            list: episodes,
+        } = self;
+        let start = std::time::Instant::now();
+        let inputs = episodes
+            .iter()
+            .map(|e| {
+                let ex = &kept[e.group];
+                Ok(RewardInput {
+                    prompt: ex.prompt.user_text().to_string(),
+                    completion: tokenizer.decode(&e.context[e.prompt_len..], true)?,
+                    answer: ex.answer.clone(),
+                    alternatives: ex.alternatives.clone(),
+                    metadata: ex.metadata.clone(),
+                    response_len: e.loss_mask.iter().filter(|&&m| m == 1).count(),
+                    truncated: e.truncated,
+                })
             })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let completions: Vec<String> = inputs.iter().map(|i| i.completion.clone()).collect();
-    let outcomes = rewards.score(inputs)?;
-    batch.score_seconds = start.elapsed().as_secs_f64();
-    let mut groups: Vec<Group> = kept
-        .into_iter()
-        .map(|example| Group {
-            example,
-            trajectories: Vec::new(),
-        })
-        .collect();
-    for ((e, outcome), completion) in episodes.into_iter().zip(outcomes).zip(completions) {
+            .collect::<Result<Vec<_>>>()?;
+        let completions: Vec<String> = inputs.iter().map(|i| i.completion.clone()).collect();
+        let outcomes = rewards.score(inputs)?;
+        batch.score_seconds = start.elapsed().as_secs_f64();
+        let mut groups: Vec<Group> = kept
+            .into_iter()
+            .map(|example| Group {
+                example,
+                trajectories: Vec::new(),
+            })
+            .collect();
+        for ((e, outcome), completion) in episodes.into_iter().zip(outcomes).zip(completions) {
+            let group = e.group;
+            let trajectory = e.into_trajectory(outcome, completion, version, batch);
+            groups[group].trajectories.push(trajectory);
+        }
+        Ok(groups)
+    }
+}
+
+impl Episode {
+    /// The finished episode as a trajectory with its reward `outcome` (a failed or timed-out
+    /// reward counted in `batch`); `version` when no model token has one.
+    fn into_trajectory(
+        self,
+        outcome: RewardOutcome,
+        completion: String,
+        version: u64,
+        batch: &mut RolloutBatch,
+    ) -> Trajectory {
         let (reward, reward_terms, reward_error) = match outcome {
             RewardOutcome::Scored { total, terms } => (Some(total), terms, None),
             RewardOutcome::Failed(why) => {
@@ -433,34 +527,32 @@ pub fn rollout_with(
             }
         };
         // The oldest version among the model's tokens.
-        let oldest = e
+        let oldest = self
             .versions
             .iter()
-            .zip(&e.loss_mask)
+            .zip(&self.loss_mask)
             .filter(|(_, m)| **m == 1)
             .map(|(v, _)| *v)
             .min()
             .unwrap_or(version);
-        groups[e.group].trajectories.push(Trajectory {
-            prompt_ids: e.context[..e.prompt_len].to_vec(),
-            response_ids: e.context[e.prompt_len..].to_vec(),
-            loss_mask: e.loss_mask,
-            behaviour_logprobs: e.logprobs,
-            filter_log_mass: e.filter_log_mass,
-            kept_ids: e.kept_ids,
-            routing: e.routing,
+        Trajectory {
+            prompt_ids: self.context[..self.prompt_len].to_vec(),
+            response_ids: self.context[self.prompt_len..].to_vec(),
+            loss_mask: self.loss_mask,
+            behaviour_logprobs: self.logprobs,
+            filter_log_mass: self.filter_log_mass,
+            kept_ids: self.kept_ids,
+            routing: self.routing,
             version: oldest,
-            token_versions: e.versions,
-            finish_reason: e.finish,
-            truncated: e.truncated,
+            token_versions: self.versions,
+            finish_reason: self.finish,
+            truncated: self.truncated,
             reward,
             reward_terms,
             reward_error,
-            group_id: e.group,
+            group_id: self.group,
             completion,
-            turns: e.turns,
-        });
+            turns: self.turns,
+        }
     }
-    batch.groups = groups;
-    Ok(batch)
 }

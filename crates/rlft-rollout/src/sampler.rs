@@ -10,22 +10,14 @@
 
 use crate::{LearnerBatch, Result, RolloutError};
 use burn::tensor::{Int, Tensor, TensorData};
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
-use rayon::prelude::*;
-use rlft_model::{
-    DECODE_ROWS, ForwardInput, HostKvCache, HostWeights, KvCache, TokenRouting, Tokenizer,
-    Transformer,
-};
+use rlft_model::{ForwardInput, HostWeights, TokenRouting, Tokenizer, Transformer};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 mod config;
+mod decode;
 mod device;
 mod host;
 mod routing;
-
-use routing::{Recorded, record_routing, sparse_shape};
 
 pub use config::{SampleOn, SamplingConfig};
 pub use device::draw_on_device;
@@ -240,8 +232,8 @@ impl<'a> Sampler<'a> {
         &self,
         prompts: &[Vec<u32>],
         cfg: &SamplingConfig,
-        mut on_token: impl FnMut(usize, u32),
-        mut updates: Option<&mut Updates<'_>>,
+        on_token: impl FnMut(usize, u32),
+        updates: Option<&mut Updates<'_>>,
     ) -> Result<Updated> {
         cfg.validate()?;
         if prompts.is_empty() {
@@ -259,269 +251,8 @@ impl<'a> Sampler<'a> {
                 "stop strings need a tokenizer to decode completions".into(),
             ));
         }
-        let device = self.model.embed_tokens.weight.device();
-        let model_err = |e: rlft_model::ModelError| RolloutError::Input(e.to_string());
-        let mut rng = StdRng::seed_from_u64(cfg.seed);
-        // A prompt repeated in the batch (GRPO samples G completions of each) is prefilled
-        // once; its cache rows are copied to every row that shares it.
-        let mut unique: Vec<&Vec<u32>> = Vec::new();
-        let mut first: HashMap<&[u32], usize> = HashMap::new();
-        let source: Vec<usize> = prompts
-            .iter()
-            .map(|p| {
-                *first.entry(&p[..]).or_insert_with(|| {
-                    unique.push(p);
-                    unique.len() - 1
-                })
-            })
-            .collect();
-        let int2 = |v: Vec<i64>, r: usize, c: usize| {
-            Tensor::<2, Int>::from_data(TensorData::new(v, [r, c]), &device)
-        };
-        // The first step's input; later backend steps take each row's last token.
-        let mut prompt_input = Some(padded_input(&unique, self.pad_id, &device));
-        // A mixture of experts: its sparse layers and experts per token, to record the routing.
-        let moe = sparse_shape(self.model);
-        let mut rows: Vec<Row> = prompts
-            .iter()
-            .enumerate()
-            .map(|(index, p)| Row {
-                index,
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                log_kept_mass: Vec::new(),
-                kept_ids: Vec::new(),
-                versions: Vec::new(),
-                routing: moe.map(|(layers, k)| TokenRouting::new(layers, k)),
-                position: p.len() as i64,
-                text: String::new(),
-            })
-            .collect();
-        let mut done: Vec<Option<Completion>> = vec![None; prompts.len()];
-        // A stochastic draw through top-k / min-p / top-p: μ is renormalised, log S recorded.
-        let filtered = cfg.draws_filtered();
-        let mut done_versions: Vec<Vec<u64>> = vec![Vec::new(); prompts.len()];
-        let mut version = updates.as_ref().map_or(0, |u| u.version);
-        // The weights switched to (with their host copies), once an update arrived.
-        let mut current: Option<(WeightUpdate, Option<HostWeights>)> = None;
-        // Weights kept in another type than the model computes in (f32 masters of a bf16 model)
-        // are cast once per set of weights here, not in every decode step.
-        let cast = |m: &Transformer| {
-            (!m.weights_in_compute_dtype()).then(|| m.clone().cast_to_compute_dtype())
-        };
-        let mut compute = cast(self.model);
-        let mut initial = true;
-        let mut cache = KvCache::new();
-        let temperature = if cfg.temperature > 0.0 {
-            cfg.temperature
-        } else {
-            1.0
-        };
-        let vocab = self.model.embed_tokens.weight.dims()[0];
-        let on_device = match cfg.sample_on {
-            SampleOn::Host => false,
-            SampleOn::Device => true,
-            SampleOn::Auto => !rlft_model::decode::host_resident(&device),
-        };
-        // Decode steps of few rows run on the host (`HostWeights::decode_step`) once the prompts
-        // are prefilled; from then on `host_cache` holds the keys and values.
-        let mut host_cache: Option<HostKvCache> = None;
-        loop {
-            if prompt_input.is_none()
-                && let Some(u) = updates.as_mut()
-                && let Some(w) = (u.poll)()
-            {
-                let host = if HostWeights::suits_model(&w.model) {
-                    Some(HostWeights::new(&w.model).map_err(model_err)?)
-                } else {
-                    None
-                };
-                version = w.version;
-                if u.kv == KvOnUpdate::Recompute {
-                    // Every row's context so far, prefilled by the new weights; that step's
-                    // logits sample the next token.
-                    let ctx: Vec<Vec<u32>> = rows
-                        .iter()
-                        .map(|r| [&prompts[r.index][..], &r.tokens[..]].concat())
-                        .collect();
-                    prompt_input = Some(padded_input(&ctx, self.pad_id, &device));
-                    cache = KvCache::new();
-                    host_cache = None;
-                }
-                compute = cast(&w.model);
-                current = Some((w, host));
-            }
-            let model = compute
-                .as_ref()
-                .unwrap_or_else(|| current.as_ref().map_or(self.model, |(w, _)| &w.model));
-            let n = rows.len();
-            let prefill = prompt_input.is_some();
-            let host = if prefill || n > DECODE_ROWS || on_device {
-                None
-            } else {
-                match &current {
-                    Some((_, h)) => h.as_ref(),
-                    None => self.host_weights()?,
-                }
-            };
-            let logits = match host {
-                Some(w) => {
-                    let hc = match host_cache.as_mut() {
-                        Some(hc) => hc,
-                        None => host_cache.insert(cache.to_host().map_err(model_err)?),
-                    };
-                    let tokens: Vec<u32> = rows.iter().map(Row::last_token).collect();
-                    let pos: Vec<usize> = rows.iter().map(|r| r.next_position() as usize).collect();
-                    StepLogits::Host(w.decode_step(hc, &tokens, &pos).map_err(model_err)?)
-                }
-                None => {
-                    let input = prompt_input.take().unwrap_or_else(|| ForwardInput {
-                        input_ids: int2(rows.iter().map(|r| r.last_token() as i64).collect(), n, 1),
-                        position_ids: int2(rows.iter().map(Row::next_position).collect(), n, 1),
-                        // The cache remembers the prompt's padding; new tokens are all real.
-                        attention_mask: None,
-                        segment_ids: None,
-                        prefix_ids: None,
-                    });
-                    let width = input.input_ids.dims()[1];
-                    let mut logits = if moe.is_some() {
-                        let (logits, routing) =
-                            model.forward_cached_last_routed(&input, &mut cache);
-                        record_routing(
-                            &mut rows,
-                            &routing,
-                            width,
-                            match (prefill, initial) {
-                                (false, _) => Recorded::Step,
-                                (true, true) => Recorded::Prompts(&source, prompts),
-                                (true, false) => Recorded::Contexts(prompts),
-                            },
-                        );
-                        logits
-                    } else {
-                        model.forward_cached_last(&input, &mut cache)
-                    };
-                    if prefill && initial && unique.len() < prompts.len() {
-                        cache.select_rows(&source);
-                        let rows: Vec<i64> = source.iter().map(|&u| u as i64).collect();
-                        let rows = Tensor::<1, Int>::from_data(
-                            TensorData::new(rows, [source.len()]),
-                            &device,
-                        );
-                        logits = logits.select(0, rows);
-                    }
-                    initial = false;
-                    // Both passes give the logits of each row's last position only.
-                    let [n, _, v] = logits.dims();
-                    let last = logits.reshape([n, v]);
-                    if on_device {
-                        StepLogits::Device(Box::new(last))
-                    } else {
-                        StepLogits::Host(
-                            last.into_data()
-                                .convert::<f32>()
-                                .try_into_vec::<f32>()
-                                .map_err(|e| {
-                                    RolloutError::Input(format!("logits to host: {e:?}"))
-                                })?,
-                        )
-                    }
-                }
-            };
-            // Uniform variates in row order (reproducible, the same for either path).
-            let draws: Vec<Option<f64>> = (0..n)
-                .map(|_| (cfg.temperature != 0.0).then(|| rng.random::<f64>()))
-                .collect();
-            let inv = (1.0 / temperature) as f32;
-            let picks: Vec<Draw> = match logits {
-                StepLogits::Host(mut logits) => {
-                    if temperature != 1.0 {
-                        logits.par_iter_mut().for_each(|x| *x *= inv);
-                    }
-                    draw_on_host(&logits, vocab, cfg, &draws)
-                }
-                StepLogits::Device(logits) => {
-                    let logits = *logits;
-                    let logits = if temperature != 1.0 {
-                        logits.mul_scalar(inv)
-                    } else {
-                        logits
-                    };
-                    draw_on_device(logits, cfg, &draws)?
-                }
-            };
-            let mut keep = Vec::with_capacity(rows.len());
-            for (r, row) in rows.iter_mut().enumerate() {
-                let Draw {
-                    token,
-                    logprob,
-                    log_kept_mass,
-                    ref kept_ids,
-                } = picks[r];
-                debug_assert!(token < vocab);
-                row.tokens.push(token as u32);
-                row.logprobs.push(logprob);
-                if filtered {
-                    row.log_kept_mass.push(log_kept_mass as f32);
-                    if cfg.kept_ids_max > 0 {
-                        row.kept_ids.push(kept_ids.clone());
-                    }
-                }
-                row.versions.push(version);
-                on_token(row.index, token as u32);
-                let token = token as u32;
-                let finish = if !cfg.ignore_eos && self.eos_ids.contains(&token) {
-                    Some(FinishReason::Eos)
-                } else if cfg.stop_token_ids.contains(&token) || self.hits_stop_string(row, cfg)? {
-                    Some(FinishReason::Stop)
-                } else if row.tokens.len() >= cfg.max_new_tokens {
-                    Some(FinishReason::Length)
-                } else {
-                    None
-                };
-                match finish {
-                    Some(finish_reason) => {
-                        done_versions[row.index] = std::mem::take(&mut row.versions);
-                        done[row.index] = Some(Completion {
-                            tokens: std::mem::take(&mut row.tokens),
-                            logprobs: std::mem::take(&mut row.logprobs),
-                            log_kept_mass: std::mem::take(&mut row.log_kept_mass),
-                            kept_ids: std::mem::take(&mut row.kept_ids),
-                            finish_reason,
-                            routing: row.routing.take(),
-                        });
-                    }
-                    None => keep.push(r),
-                }
-            }
-            if keep.is_empty() {
-                break;
-            }
-            if keep.len() < rows.len() {
-                match host_cache.as_mut() {
-                    Some(hc) => hc.select_rows(&keep),
-                    None => cache.select_rows(&keep),
-                }
-                rows = std::mem::take(&mut rows)
-                    .into_iter()
-                    .enumerate()
-                    .filter(|(r, _)| keep.binary_search(r).is_ok())
-                    .map(|(_, row)| row)
-                    .collect();
-            }
-        }
-        let mut done: Vec<Completion> = done
-            .into_iter()
-            .map(|c| c.expect("every row finishes"))
-            .collect();
-        if cfg.rescore {
-            self.rescore(prompts, &mut done, temperature)?;
-        }
-        Ok(Updated {
-            completions: done,
-            versions: done_versions,
-            latest: current.map(|(w, _)| w),
-        })
+        let version = updates.as_ref().map_or(0, |u| u.version);
+        decode::Decode::new(self, prompts, cfg, version).run(on_token, updates)
     }
 
     /// The host weight copies when the model is on a CPU device (made once per sampler).

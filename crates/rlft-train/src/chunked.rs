@@ -65,17 +65,7 @@ pub fn chunked_backward<T, E: From<rlft_algo::AlgoError>>(
     loss: impl FnOnce(Tensor<2>, Tensor<2>) -> Result<LossOut<T>, E>,
 ) -> Result<(GradientsParams, T), E> {
     if chunk >= batch.tokens() {
-        // One chunk: the plain graph (the same numbers as the trainer has always computed).
-        let logits = batch.response_logits(model);
-        let (lp, ent) =
-            batch.head_scores(logits, (0, batch.tokens()), temperature, entropy_grad)?;
-        let out = loss(batch.rows(lp), batch.rows(ent))?;
-        let total = match batch.take_aux_loss() {
-            Some(aux) => out.loss + aux,
-            None => out.loss,
-        };
-        let grads = GradientsParams::from_grads(total.backward(), model);
-        return Ok((grads, out.extra));
+        return one_pass(batch, model, temperature, entropy_grad, loss);
     }
     // 1. Hidden states at the response positions, with the trunk's graph.
     let h = batch.hidden_at(model, batch.predict_positions());
@@ -164,6 +154,26 @@ pub fn chunked_backward<T, E: From<rlft_algo::AlgoError>>(
             model,
         );
     }
+    Ok((grads, out.extra))
+}
+
+/// The loss's gradient through the plain graph, when one chunk covers the batch (the same
+/// numbers as the trainer has always computed).
+fn one_pass<T, E: From<rlft_algo::AlgoError>>(
+    batch: &LearnerBatch,
+    model: &Transformer,
+    temperature: Option<f64>,
+    entropy_grad: bool,
+    loss: impl FnOnce(Tensor<2>, Tensor<2>) -> Result<LossOut<T>, E>,
+) -> Result<(GradientsParams, T), E> {
+    let logits = batch.response_logits(model);
+    let (lp, ent) = batch.head_scores(logits, (0, batch.tokens()), temperature, entropy_grad)?;
+    let out = loss(batch.rows(lp), batch.rows(ent))?;
+    let total = match batch.take_aux_loss() {
+        Some(aux) => out.loss + aux,
+        None => out.loss,
+    };
+    let grads = GradientsParams::from_grads(total.backward(), model);
     Ok((grads, out.extra))
 }
 

@@ -11,7 +11,7 @@ use crate::{Extensions, Recipe, Result, RunSummary, TrainError, Trainer};
 use rlft_algo::loss::LossRegistry;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 /// How to call the command.
 pub const USAGE: &str = "usage: rlft train RECIPE.toml [--set KEY=VALUE]... [--device D] \
@@ -66,26 +66,6 @@ impl TrainCommand {
         let out = trainer.output_dir().to_path_buf();
         Ok((trainer.run(stop)?, out))
     }
-}
-
-/// Installs a Ctrl-C handler: the first Ctrl-C sets the returned flag (the run stops after the
-/// current step, with a checkpoint), the second exits at once with status 130.
-///
-/// # Errors
-/// When a handler is already installed in this process.
-pub fn stop_on_ctrl_c() -> Result<Arc<AtomicBool>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::SeqCst) {
-            std::process::exit(130);
-        }
-        eprintln!(
-            "\nstopping after this step (a checkpoint will be written); Ctrl-C again to abort"
-        );
-    })
-    .map_err(|e| TrainError::Usage(format!("cannot install the Ctrl-C handler: {e}")))?;
-    Ok(stop)
 }
 
 /// What the command prints when a run ends: the summary table, the evaluation, how to resume

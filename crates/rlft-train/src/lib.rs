@@ -13,34 +13,32 @@ pub mod algorithm;
 pub mod batch;
 pub mod checkpoint;
 pub mod chunked;
-pub mod correction;
 mod demos;
 pub mod distributed;
 mod eval;
-pub mod events;
 pub mod export;
 pub mod fault;
 pub mod launch;
 mod learner;
-pub mod metrics;
 mod models;
 pub mod offpolicy;
 pub mod optim;
-pub mod plot;
 pub mod recipe;
 #[cfg(test)]
 mod recipe_fuzz;
-pub mod report;
 pub mod rollout_side;
-pub mod sim;
 mod sources;
 mod step;
-pub mod tensorboard;
+pub mod telemetry;
 pub mod trainer;
 
 pub use algorithm::Extensions;
 pub use optim::clip_grads;
 pub use recipe::Recipe;
+pub use recipe::correction;
+#[cfg(feature = "plots")]
+pub use telemetry::plot;
+pub use telemetry::{events, metrics, report, sim, tensorboard};
 pub use trainer::RunSummary;
 pub use trainer::Trainer;
 

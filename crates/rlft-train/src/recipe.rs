@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 mod asynchrony;
+pub mod correction;
 mod data;
 mod dtype;
 mod keys;

@@ -1,15 +1,17 @@
-//! The trainer: setup from a recipe, and one RL step through the stages.
+//! The trainer: setup from a recipe, and one RL step through the stages of `step/`, each a
+//! function over the parts it needs.
 //!
-//! A step takes its batch from the feed (`feed.rs`: collected inline by
+//! A step takes its batch from the feed (`step/collect.rs`: collected inline by
 //! [`crate::rollout_side::collect`] in sync and lagged modes, or by the rollout workers of
 //! [`crate::rollout_side::workers`] in async mode, under [`crate::rollout_side::admission`]'s
-//! staleness bound), shapes the rewards (DAPO overlong penalty and filter), prepares the rows on
-//! the learner (`prepare.rs`: π_old where the correction mode needs it, reference log-probs,
-//! values, advantages, the decoupled correction against μ), runs `ppo_epochs` × `mini_batches`
-//! optimiser steps (`learn.rs`), publishes the new weights to the rollout workers and reports its
-//! metrics. [`crate::run`] adds the warm-up, evaluation (`eval.rs`) and checkpoints. Every random
-//! choice is a function of `(seed, step)`, so a resumed run repeats an uninterrupted one exactly
-//! (in async mode, with η = 0).
+//! staleness bound), prepares the learner's rows (`step/prepare.rs`: the DAPO overlong penalty
+//! and filter, then π_old where the correction mode needs it, reference log-probs, values,
+//! advantages, the decoupled correction against μ), runs `ppo_epochs` × `mini_batches`
+//! optimiser steps (`step/learn.rs`), publishes the new weights to the rollout workers and
+//! reports its metrics. The run (`trainer/run.rs`) adds the warm-up (`trainer/warmup.rs`),
+//! evaluation (`eval.rs`) and checkpoints (`trainer/saving.rs`). Every random choice is a
+//! function of `(seed, step)`, so a resumed run repeats an uninterrupted one exactly (in async
+//! mode, with η = 0).
 
 use crate::algorithm::{Extensions, resolve_algorithm};
 use crate::batch::Packing;

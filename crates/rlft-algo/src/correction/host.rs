@@ -225,8 +225,6 @@ fn is_weights(
             b.masked(bound(lr).exp(), k)
         })
         .collect();
-    let upper = is.threshold.upper();
-    let lower = is.threshold.lower();
     let mut w: Vec<f64> = match is.threshold {
         IsThreshold::Truncate { upper } => raw.iter().map(|&x| x.min(upper)).collect(),
         IsThreshold::Mask { lower, upper } => raw
@@ -235,7 +233,25 @@ fn is_weights(
             .collect(),
     };
 
-    match &row_log_ratio {
+    weight_metrics(b, (&raw, &w), row_log_ratio.as_deref(), is, metrics);
+    if is.batch_normalize {
+        batch_normalize(b, &mut w, is.level, metrics);
+    }
+    w
+}
+
+/// verl's `rollout_is_*` metrics of the IS weights `w` from the unclamped, untruncated `raw`
+/// ones (`row_log_ratio`: the per-row log-ratios at sequence or geometric level).
+fn weight_metrics(
+    b: &Batch<'_>,
+    (raw, w): (&[f64], &[f64]),
+    row_log_ratio: Option<&[f64]>,
+    is: &IsConfig,
+    metrics: &mut BTreeMap<String, f64>,
+) {
+    let upper = is.threshold.upper();
+    let lower = is.threshold.lower();
+    match row_log_ratio {
         Some(r) => {
             // Row level: extremes and fractions from the unclamped per-row log-ratios, all rows.
             put(metrics, "rollout_is_max", max(r).min(SAFETY_BOUND).exp());
@@ -282,7 +298,7 @@ fn is_weights(
         "rollout_is_eff_sample_size",
         1.0 / b.mean(|k| (clamped(k) / (ess_mean + COUNT_EPS)).powi(2)),
     );
-    let seq = b.row_mean(&w);
+    let seq = b.row_mean(w);
     put(metrics, "rollout_is_seq_mean", mean(&seq));
     put(metrics, "rollout_is_seq_std", unbiased_std(&seq));
     put(metrics, "rollout_is_seq_max", max(&seq));
@@ -290,7 +306,7 @@ fn is_weights(
     let deviation: Vec<f64> = seq.iter().map(|x| (x - 1.0).abs()).collect();
     put(metrics, "rollout_is_seq_max_deviation", max(&deviation));
     // Row means of the raw weights: a mean of truncated weights can never exceed the cap.
-    let raw_seq = b.row_mean(&raw);
+    let raw_seq = b.row_mean(raw);
     put(
         metrics,
         "rollout_is_seq_fraction_high",
@@ -308,28 +324,34 @@ fn is_weights(
             b.fraction(|k| raw[k] < lower || raw[k] > upper),
         );
     }
+}
 
-    if is.batch_normalize {
-        let mean = match is.level {
-            IsLevel::Token => b.mean(|k| w[k]),
-            IsLevel::Sequence | IsLevel::Geometric => {
-                let seq = b.row_mean(&w);
-                let (s, c) = seq
-                    .iter()
-                    .zip(&b.n)
-                    .filter(|(_, n)| **n > 0.0)
-                    .fold((0.0, 0.0), |(s, c), (x, _)| (s + x, c + 1.0));
-                s / f64::max(c, COUNT_EPS)
-            }
-        };
-        if mean > COUNT_EPS {
-            w.iter_mut().for_each(|x| *x /= mean);
-            put(metrics, "rollout_is_batch_norm_factor", mean);
-        } else {
-            put(metrics, "rollout_is_batch_norm_factor", 1.0);
+/// Divides the weights `w` by their batch mean (per token, or of the row means at sequence or
+/// geometric level), recording the factor.
+fn batch_normalize(
+    b: &Batch<'_>,
+    w: &mut [f64],
+    level: IsLevel,
+    metrics: &mut BTreeMap<String, f64>,
+) {
+    let mean = match level {
+        IsLevel::Token => b.mean(|k| w[k]),
+        IsLevel::Sequence | IsLevel::Geometric => {
+            let seq = b.row_mean(w);
+            let (s, c) = seq
+                .iter()
+                .zip(&b.n)
+                .filter(|(_, n)| **n > 0.0)
+                .fold((0.0, 0.0), |(s, c), (x, _)| (s + x, c + 1.0));
+            s / f64::max(c, COUNT_EPS)
         }
+    };
+    if mean > COUNT_EPS {
+        w.iter_mut().for_each(|x| *x /= mean);
+        put(metrics, "rollout_is_batch_norm_factor", mean);
+    } else {
+        put(metrics, "rollout_is_batch_norm_factor", 1.0);
     }
-    w
 }
 
 /// The rejection mask and its metrics (verl's `compute_rollout_rejection_mask`).

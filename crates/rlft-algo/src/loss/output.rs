@@ -195,58 +195,8 @@ pub(super) fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLo
     };
     let mut loss = pg_loss.clone();
 
-    let kl = match &input.ref_log_prob {
-        Some(r) => {
-            let kl = kl_penalty(
-                input.log_prob.clone(),
-                r.clone(),
-                cfg.kl_estimator,
-                Some(mask),
-            )?;
-            let kl = if cfg.kl_bias_correction {
-                zero_padding(kl * ctx.ratio(), mask)
-            } else {
-                kl
-            };
-            if cfg.kl_coef > 0.0 {
-                loss = loss
-                    + aggregate_loss(kl.clone(), mask, cfg.aggregation, &input.global)?
-                        * cfg.kl_coef;
-            }
-            Some(masked_mean(kl, mask).detach())
-        }
-        None if cfg.kl_coef > 0.0 => {
-            return Err(AlgoError::MissingInput {
-                loss: "reference KL".into(),
-                input: "ref_log_prob",
-                hint: "kl_coef > 0 needs reference log-probs: pass them with PolicyLossInput::with_ref_log_prob, or set kl_coef = 0",
-            });
-        }
-        None => None,
-    };
-    let entropy = match &input.entropy {
-        Some(h) => {
-            if cfg.entropy_coef > 0.0 {
-                loss = loss
-                    + crate::entropy::entropy_bonus(
-                        h.clone(),
-                        mask,
-                        cfg.aggregation,
-                        &input.global,
-                        cfg.entropy_coef,
-                    )?;
-            }
-            Some(masked_mean(h.clone(), mask).detach())
-        }
-        None if cfg.entropy_coef > 0.0 => {
-            return Err(AlgoError::MissingInput {
-                loss: "entropy bonus".into(),
-                input: "entropy",
-                hint: "entropy_coef > 0 needs per-token entropy: pass entropy_from_logits(..) with PolicyLossInput::with_entropy, or set entropy_coef = 0",
-            });
-        }
-        None => None,
-    };
+    let kl = kl_term(ctx, &mut loss)?;
+    let entropy = entropy_term(ctx, &mut loss)?;
 
     let raw = ctx.token_log_ratio().detach();
     let d = raw.clone().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
@@ -282,4 +232,70 @@ pub(super) fn finish(ctx: &LossContext<'_>, terms: LossTerms) -> Result<PolicyLo
         extras: terms.extras,
     };
     Ok(PolicyLossOutput { loss, metrics })
+}
+
+/// The reference KL: added to `loss` as β · its aggregate when β > 0; returns its masked mean
+/// for the metrics (`None` without reference log-probs).
+fn kl_term(ctx: &LossContext<'_>, loss: &mut Tensor<1>) -> Result<Option<Tensor<1>>> {
+    let (input, cfg) = (ctx.input, ctx.config);
+    let mask = &input.response_mask;
+    Ok(match &input.ref_log_prob {
+        Some(r) => {
+            let kl = kl_penalty(
+                input.log_prob.clone(),
+                r.clone(),
+                cfg.kl_estimator,
+                Some(mask),
+            )?;
+            let kl = if cfg.kl_bias_correction {
+                zero_padding(kl * ctx.ratio(), mask)
+            } else {
+                kl
+            };
+            if cfg.kl_coef > 0.0 {
+                *loss = loss.clone()
+                    + aggregate_loss(kl.clone(), mask, cfg.aggregation, &input.global)?
+                        * cfg.kl_coef;
+            }
+            Some(masked_mean(kl, mask).detach())
+        }
+        None if cfg.kl_coef > 0.0 => {
+            return Err(AlgoError::MissingInput {
+                loss: "reference KL".into(),
+                input: "ref_log_prob",
+                hint: "kl_coef > 0 needs reference log-probs: pass them with PolicyLossInput::with_ref_log_prob, or set kl_coef = 0",
+            });
+        }
+        None => None,
+    })
+}
+
+/// The entropy bonus: added to `loss` when its coefficient is > 0; returns the masked mean
+/// entropy for the metrics (`None` without entropies).
+fn entropy_term(ctx: &LossContext<'_>, loss: &mut Tensor<1>) -> Result<Option<Tensor<1>>> {
+    let (input, cfg) = (ctx.input, ctx.config);
+    let mask = &input.response_mask;
+    Ok(match &input.entropy {
+        Some(h) => {
+            if cfg.entropy_coef > 0.0 {
+                *loss = loss.clone()
+                    + crate::entropy::entropy_bonus(
+                        h.clone(),
+                        mask,
+                        cfg.aggregation,
+                        &input.global,
+                        cfg.entropy_coef,
+                    )?;
+            }
+            Some(masked_mean(h.clone(), mask).detach())
+        }
+        None if cfg.entropy_coef > 0.0 => {
+            return Err(AlgoError::MissingInput {
+                loss: "entropy bonus".into(),
+                input: "entropy",
+                hint: "entropy_coef > 0 needs per-token entropy: pass entropy_from_logits(..) with PolicyLossInput::with_entropy, or set entropy_coef = 0",
+            });
+        }
+        None => None,
+    })
 }

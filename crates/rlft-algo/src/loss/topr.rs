@@ -151,98 +151,21 @@ impl PolicyLoss for Topr {
             roll_agg(x, m, mode, w, tokens, samples, width)
         };
         let total = agg(loss.clone(), mask, Some(&weights))?;
-        let d = || -> Result<Vec<(&'static str, Tensor<1>)>> {
-            let det = |x: Tensor<2>| x.detach();
-            let n = mask.clone().sum_dim(1);
-            let g = match samples {
-                Some(g) => n.zeros_like().sum() + g,
-                None => n.clone().greater_elem(0.5).float().cast(dtype).sum(),
-            };
-            let valid = mask.clone().greater_elem(0.5);
-            let r = det(ratio.clone());
-            let lr = det(log_r.clone());
-            let kl_x = match &input.ref_log_prob {
-                Some(rf) => {
-                    let x = zero_padding(rf.clone() - input.log_prob.clone().detach(), mask);
-                    Some((x.clone().exp() - x - 1.0).clamp(-10.0, 10.0))
-                }
-                None => None,
-            };
-            let pos_mask = mask.clone() * pos2.clone();
-            let neg_mask = mask.clone() * neg2.clone();
-            let rows = |x: Tensor<1>| x * (1.0 / b.max(1) as f64);
-            let scores_mean = rows(scores.clone().sum());
-            let centered = scores.clone() - scores_mean.clone();
-            let std = (centered.square().sum() * (1.0 / (b.max(2) - 1) as f64)).sqrt();
-            let mut v = vec![
-                (
-                    "actor/ratio_mean@sum",
-                    roll_agg(
-                        r.clone(),
-                        mask,
-                        LossAggregation::SeqMeanTokenMean,
-                        None,
-                        None,
-                        samples,
-                        None,
-                    )?,
-                ),
-                ("actor/ratio_max@max", zero_padding(r.clone(), mask).max()),
-                (
-                    "actor/ratio_min@min",
-                    r.clone().mask_fill(valid.bool_not(), 1e10).min(),
-                ),
-                ("actor/pg_loss@sum", agg(det(loss.clone()), mask, None)?),
-                ("actor/weighted_pg_loss@sum", total.clone().detach()),
-                ("actor/total_loss@sum", total.clone().detach()),
-                (
-                    "actor/approxkl@sum",
-                    agg(lr.clone().square() * 0.5, mask, None)?,
-                ),
-                ("actor/policykl@sum", agg(lr, mask, None)?),
-                ("actor/valid_samples@sum", g.clone()),
-                ("actor/total_samples@sum", g.zeros_like() + b as f64),
-                ("actor/valid_sample_ratio", g * (1.0 / b.max(1) as f64)),
-                ("actor/sample_weights_mean", rows(weights.clone().sum())),
-                ("actor/sample_weights_min", weights.clone().min()),
-                ("actor/sample_weights_max", weights.clone().max()),
-                ("actor/topr_positive_samples@sum", pos.clone().sum()),
-                ("actor/topr_negative_samples@sum", neg.clone().sum()),
-                (
-                    "actor/topr_positive_ratio",
-                    pos.clone().sum() * (1.0 / (b as f64 + COUNT_EPS)),
-                ),
-                (
-                    "actor/topr_negative_ratio",
-                    neg.clone().sum() * (1.0 / (b as f64 + COUNT_EPS)),
-                ),
-                ("actor/topr_scores_mean", scores_mean.clone()),
-                ("actor/topr_scores_std", std),
-                ("actor/topr_positive_weight", scores_mean.zeros_like() + wp),
-                ("actor/topr_negative_weight", scores_mean.zeros_like() + wn),
-                (
-                    "actor/topr_positive_loss",
-                    agg(det(pos_loss.clone()), &pos_mask, None)?,
-                ),
-                (
-                    "actor/topr_negative_loss",
-                    agg(det(neg_loss.clone()), &neg_mask, None)?,
-                ),
-                (
-                    "actor/topr_weighted_positive_loss",
-                    agg(det(pos_loss) * wp, &pos_mask, None)?,
-                ),
-                (
-                    "actor/topr_weighted_negative_loss",
-                    agg(det(neg_loss) * wn, &neg_mask, None)?,
-                ),
-            ];
-            if let Some(kl) = kl_x {
-                v.push(("actor/kl_loss@sum", agg(kl, mask, None)?));
-            }
-            Ok(v)
+        let parts = ToprParts {
+            scores,
+            pos,
+            neg,
+            pos2,
+            neg2,
+            ratio: ratio.clone(),
+            log_r,
+            loss,
+            total: total.clone(),
+            weights,
+            pos_loss,
+            neg_loss,
         };
-        let extras = d()?;
+        let extras = parts.metrics(ctx, [wp, wn])?;
         let mut terms = LossTerms::from_value(LossValue::Reduced(total));
         for (k, t) in extras {
             terms.extras.insert(k.into(), t.detach().reshape([1, 1]));
@@ -250,6 +173,165 @@ impl PolicyLoss for Topr {
         terms.ratio = Some(ratio.detach());
         Ok(terms)
     }
+}
+
+/// What TOPR's metrics read of its loss (`[B]` per row, `[B, T]` per token).
+struct ToprParts {
+    scores: Tensor<1>,
+    pos: Tensor<1>,
+    neg: Tensor<1>,
+    pos2: Tensor<2>,
+    neg2: Tensor<2>,
+    ratio: Tensor<2>,
+    log_r: Tensor<2>,
+    loss: Tensor<2>,
+    total: Tensor<1>,
+    weights: Tensor<2>,
+    pos_loss: Tensor<2>,
+    neg_loss: Tensor<2>,
+}
+
+impl ToprParts {
+    /// ROLL's `actor/*` metrics of the step, with the positive and negative weights `[wp, wn]`.
+    fn metrics(
+        self,
+        ctx: &LossContext<'_>,
+        weights: [f64; 2],
+    ) -> Result<Vec<(&'static str, Tensor<1>)>> {
+        let mut v = self.actor_metrics(ctx)?;
+        v.extend(self.topr_metrics(ctx, weights)?);
+        Ok(v)
+    }
+
+    /// The metrics ROLL's actor reports for every loss: ratios, losses, KL, samples, weights.
+    fn actor_metrics(&self, ctx: &LossContext<'_>) -> Result<Vec<(&'static str, Tensor<1>)>> {
+        let input = ctx.input;
+        let mask = &input.response_mask;
+        let [b, _] = mask.dims();
+        let samples = input.global.global_batch_size;
+        let det = |x: Tensor<2>| x.detach();
+        let n = mask.clone().sum_dim(1);
+        let g = match samples {
+            Some(g) => n.zeros_like().sum() + g,
+            None => n
+                .clone()
+                .greater_elem(0.5)
+                .float()
+                .cast(input.log_prob.dtype())
+                .sum(),
+        };
+        let valid = mask.clone().greater_elem(0.5);
+        let r = det(self.ratio.clone());
+        let lr = det(self.log_r.clone());
+        let rows = |x: Tensor<1>| x * (1.0 / b.max(1) as f64);
+        let ratio_mean = roll_agg(
+            r.clone(),
+            mask,
+            LossAggregation::SeqMeanTokenMean,
+            None,
+            None,
+            samples,
+            None,
+        )?;
+        let mut v = vec![
+            ("actor/ratio_mean@sum", ratio_mean),
+            ("actor/ratio_max@max", zero_padding(r.clone(), mask).max()),
+            (
+                "actor/ratio_min@min",
+                r.clone().mask_fill(valid.bool_not(), 1e10).min(),
+            ),
+            ("actor/pg_loss@sum", agg(ctx, det(self.loss.clone()), mask)?),
+            ("actor/weighted_pg_loss@sum", self.total.clone().detach()),
+            ("actor/total_loss@sum", self.total.clone().detach()),
+            (
+                "actor/approxkl@sum",
+                agg(ctx, lr.clone().square() * 0.5, mask)?,
+            ),
+            ("actor/policykl@sum", agg(ctx, lr, mask)?),
+            ("actor/valid_samples@sum", g.clone()),
+            ("actor/total_samples@sum", g.zeros_like() + b as f64),
+            ("actor/valid_sample_ratio", g * (1.0 / b.max(1) as f64)),
+            (
+                "actor/sample_weights_mean",
+                rows(self.weights.clone().sum()),
+            ),
+            ("actor/sample_weights_min", self.weights.clone().min()),
+            ("actor/sample_weights_max", self.weights.clone().max()),
+        ];
+        if let Some(rf) = &input.ref_log_prob {
+            let x = zero_padding(rf.clone() - input.log_prob.clone().detach(), mask);
+            let kl = (x.clone().exp() - x - 1.0).clamp(-10.0, 10.0);
+            v.push(("actor/kl_loss@sum", agg(ctx, kl, mask)?));
+        }
+        Ok(v)
+    }
+
+    /// TOPR's own metrics: positive and negative rows, their scores, weights and losses.
+    fn topr_metrics(
+        &self,
+        ctx: &LossContext<'_>,
+        [wp, wn]: [f64; 2],
+    ) -> Result<Vec<(&'static str, Tensor<1>)>> {
+        let mask = &ctx.input.response_mask;
+        let [b, _] = mask.dims();
+        let (pos, neg) = (&self.pos, &self.neg);
+        let pos_mask = mask.clone() * self.pos2.clone();
+        let neg_mask = mask.clone() * self.neg2.clone();
+        let scores_mean = self.scores.clone().sum() * (1.0 / b.max(1) as f64);
+        let centered = self.scores.clone() - scores_mean.clone();
+        let std = (centered.square().sum() * (1.0 / (b.max(2) - 1) as f64)).sqrt();
+        let (pos_loss, neg_loss) = (
+            self.pos_loss.clone().detach(),
+            self.neg_loss.clone().detach(),
+        );
+        Ok(vec![
+            ("actor/topr_positive_samples@sum", pos.clone().sum()),
+            ("actor/topr_negative_samples@sum", neg.clone().sum()),
+            (
+                "actor/topr_positive_ratio",
+                pos.clone().sum() * (1.0 / (b as f64 + COUNT_EPS)),
+            ),
+            (
+                "actor/topr_negative_ratio",
+                neg.clone().sum() * (1.0 / (b as f64 + COUNT_EPS)),
+            ),
+            ("actor/topr_scores_mean", scores_mean.clone()),
+            ("actor/topr_scores_std", std),
+            ("actor/topr_positive_weight", scores_mean.zeros_like() + wp),
+            ("actor/topr_negative_weight", scores_mean.zeros_like() + wn),
+            (
+                "actor/topr_positive_loss",
+                agg(ctx, pos_loss.clone(), &pos_mask)?,
+            ),
+            (
+                "actor/topr_negative_loss",
+                agg(ctx, neg_loss.clone(), &neg_mask)?,
+            ),
+            (
+                "actor/topr_weighted_positive_loss",
+                agg(ctx, pos_loss * wp, &pos_mask)?,
+            ),
+            (
+                "actor/topr_weighted_negative_loss",
+                agg(ctx, neg_loss * wn, &neg_mask)?,
+            ),
+        ])
+    }
+}
+
+/// `x` over `m` aggregated as ROLL aggregates the loss (the run's mode and normalisers), rows
+/// unweighted.
+fn agg(ctx: &LossContext<'_>, x: Tensor<2>, m: &Tensor<2>) -> Result<Tensor<1>> {
+    let g = &ctx.input.global;
+    roll_agg(
+        x,
+        m,
+        ctx.config.aggregation,
+        None,
+        g.batch_num_tokens,
+        g.global_batch_size,
+        g.loss_scale_factor,
+    )
 }
 
 #[cfg(test)]
