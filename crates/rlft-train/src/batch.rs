@@ -371,11 +371,12 @@ pub(crate) fn t2(device: &Device, v: Vec<f32>, b: usize, t: usize) -> Tensor<2> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rlft_rollout::{Example, FinishReason, Prompt};
 
-    fn trajectory(versions: Vec<u64>, loss_mask: Vec<u8>) -> Trajectory {
+    /// A scored trajectory of reward 1 whose response tokens were sampled by `versions`.
+    pub(crate) fn trajectory(versions: Vec<u64>, loss_mask: Vec<u8>) -> Trajectory {
         let n = versions.len();
         Trajectory {
             prompt_ids: vec![1, 2],

@@ -221,14 +221,7 @@ impl Workers {
         }
         self.shared.lock().weights = (version, weights);
         self.shared.changed.notify_all();
-        self.timeline.record(
-            "learner",
-            EventKind::Publish,
-            t0,
-            self.timeline.now(),
-            version,
-            0,
-        );
+        self.timeline.published(t0, version);
         Ok(())
     }
 

@@ -122,14 +122,7 @@ impl Collect<'_> {
         if let Some(fleet) = &self.side.fleet {
             let t0 = self.timeline.now();
             fleet.serve_version(version, || model.clone())?;
-            self.timeline.record(
-                "learner",
-                EventKind::Publish,
-                t0,
-                self.timeline.now(),
-                version,
-                0,
-            );
+            self.timeline.published(t0, version);
         }
         let admission = self.feed.admission_mut()?;
         let serial = admission.issue();

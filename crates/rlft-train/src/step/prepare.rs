@@ -197,30 +197,7 @@ pub(crate) fn is_correct(t: &Trajectory, term: &str) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rlft_rollout::FinishReason;
-
-    fn trajectory(versions: Vec<u64>, loss_mask: Vec<u8>) -> Trajectory {
-        let n = versions.len();
-        Trajectory {
-            prompt_ids: vec![1, 2],
-            response_ids: vec![5; n],
-            loss_mask,
-            behaviour_logprobs: vec![-0.5; n],
-            filter_log_mass: 0.0,
-            kept_ids: Vec::new(),
-            routing: None,
-            version: versions.iter().copied().min().unwrap_or(0),
-            token_versions: versions,
-            finish_reason: FinishReason::Eos,
-            truncated: false,
-            reward: Some(1.0),
-            reward_terms: Vec::new(),
-            reward_error: None,
-            group_id: 0,
-            completion: String::new(),
-            turns: 1,
-        }
-    }
+    use crate::batch::tests::trajectory;
 
     /// The token age counts model tokens only, each by the version that sampled it.
     #[test]

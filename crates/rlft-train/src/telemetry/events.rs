@@ -98,6 +98,19 @@ impl Timeline {
         self.start.elapsed().as_secs_f64()
     }
 
+    /// Records the learner's publication of `version` (to the rollout workers or servers), from
+    /// `start_s` to now.
+    pub fn published(&self, start_s: f64, version: u64) {
+        self.record(
+            "learner",
+            EventKind::Publish,
+            start_s,
+            self.now(),
+            version,
+            0,
+        );
+    }
+
     /// Records an interval.
     pub fn record(
         &self,
