@@ -260,4 +260,24 @@ mod tests {
             assert_eq!(spellings.len(), 1, "{} shares its class", f.hf_class());
         }
     }
+
+    /// Every registered family, its missing keys defaulted, writes a `config.json` it reads
+    /// back as the same configuration, under its own `model_type`.
+    #[test]
+    fn every_family_reads_back_what_it_writes() {
+        for f in FAMILIES {
+            let json = format!(
+                r#"{{"model_type":"{}","vocab_size":10,"hidden_size":16,"intermediate_size":24,
+                "num_hidden_layers":4,"num_attention_heads":2,"num_key_value_heads":1,
+                "head_dim":8}}"#,
+                f.model_type()
+            );
+            let cfg = TransformerConfig::from_hf_json(&json).unwrap();
+            assert_eq!(cfg.family().model_type(), f.model_type());
+            let written = cfg.to_hf_json();
+            assert_eq!(written["architectures"][0], f.hf_class());
+            let again = TransformerConfig::from_hf_json(&written.to_string()).unwrap();
+            assert_eq!(again, cfg, "{}", f.model_type());
+        }
+    }
 }
