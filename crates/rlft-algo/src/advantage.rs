@@ -268,9 +268,7 @@ impl AdvantageEstimator {
         };
         Ok(out)
     }
-}
 
-impl AdvantageEstimator {
     /// The groups of `input`'s rows with their outcome `scores`, for the group estimators.
     fn groups(&self, input: &AdvantageInput, scores: &[f64]) -> Result<Groups> {
         let b = scores.len();

@@ -46,6 +46,13 @@ pub struct SlimeMisConfig {
     pub batch_normalize: bool,
 }
 
+impl SlimeMisConfig {
+    /// The lower bound: `tis_lower`, else `1/tis_upper`.
+    fn lower(&self) -> f64 {
+        self.tis_lower.unwrap_or(1.0 / self.tis_upper)
+    }
+}
+
 /// [`slime_mis`]'s result.
 #[derive(Debug, Clone)]
 pub struct SlimeMis {
@@ -280,7 +287,7 @@ impl Acc<'_> {
     /// The row's weights `raw` bounded as `cfg.tis_mode` says (masked tokens into `modified`).
     fn bound(&mut self, raw: &[f64], cfg: &SlimeMisConfig, modified: &mut [f64]) -> Vec<f64> {
         let (m, t) = (self.m, self.m.len());
-        let lower = cfg.tis_lower.unwrap_or(1.0 / cfg.tis_upper);
+        let lower = cfg.lower();
         match cfg.tis_mode {
             TisMode::Truncate => {
                 self.tokens("tis_truncate_fraction", |k| {
@@ -323,7 +330,7 @@ impl Acc<'_> {
         modified: &mut [f64],
     ) {
         let (m, t) = (self.m, self.m.len());
-        let lower = cfg.tis_lower.unwrap_or(1.0 / cfg.tis_upper);
+        let lower = cfg.lower();
         let (lo, hi) = (rs_lo.unwrap_or(lower), rs_hi.unwrap_or(cfg.tis_upper));
         let lr = if level == cfg.tis_level {
             lr_tis.to_vec()

@@ -193,6 +193,57 @@ impl Episode {
             state: serde_json::Value::Null,
         }
     }
+
+    /// The finished episode as a trajectory with its reward `outcome` (a failed or timed-out
+    /// reward counted in `batch`); `version` when no model token has one.
+    fn into_trajectory(
+        self,
+        outcome: RewardOutcome,
+        completion: String,
+        version: u64,
+        batch: &mut RolloutBatch,
+    ) -> Trajectory {
+        let (reward, reward_terms, reward_error) = match outcome {
+            RewardOutcome::Scored { total, terms } => (Some(total), terms, None),
+            RewardOutcome::Failed(why) => {
+                batch.failed_rewards += 1;
+                (None, Vec::new(), Some(why))
+            }
+            RewardOutcome::TimedOut(why) => {
+                batch.failed_rewards += 1;
+                batch.timed_out_rewards += 1;
+                (None, Vec::new(), Some(why))
+            }
+        };
+        // The oldest version among the model's tokens.
+        let oldest = self
+            .versions
+            .iter()
+            .zip(&self.loss_mask)
+            .filter(|(_, m)| **m == 1)
+            .map(|(v, _)| *v)
+            .min()
+            .unwrap_or(version);
+        Trajectory {
+            prompt_ids: self.context[..self.prompt_len].to_vec(),
+            response_ids: self.context[self.prompt_len..].to_vec(),
+            loss_mask: self.loss_mask,
+            behaviour_logprobs: self.logprobs,
+            filter_log_mass: self.filter_log_mass,
+            kept_ids: self.kept_ids,
+            routing: self.routing,
+            version: oldest,
+            token_versions: self.versions,
+            finish_reason: self.finish,
+            truncated: self.truncated,
+            reward,
+            reward_terms,
+            reward_error,
+            group_id: self.group,
+            completion,
+            turns: self.turns,
+        }
+    }
 }
 
 /// What a rollout samples with and scores by, besides the policy: the tokenizer, the
@@ -501,58 +552,5 @@ impl Episodes {
             groups[group].trajectories.push(trajectory);
         }
         Ok(groups)
-    }
-}
-
-impl Episode {
-    /// The finished episode as a trajectory with its reward `outcome` (a failed or timed-out
-    /// reward counted in `batch`); `version` when no model token has one.
-    fn into_trajectory(
-        self,
-        outcome: RewardOutcome,
-        completion: String,
-        version: u64,
-        batch: &mut RolloutBatch,
-    ) -> Trajectory {
-        let (reward, reward_terms, reward_error) = match outcome {
-            RewardOutcome::Scored { total, terms } => (Some(total), terms, None),
-            RewardOutcome::Failed(why) => {
-                batch.failed_rewards += 1;
-                (None, Vec::new(), Some(why))
-            }
-            RewardOutcome::TimedOut(why) => {
-                batch.failed_rewards += 1;
-                batch.timed_out_rewards += 1;
-                (None, Vec::new(), Some(why))
-            }
-        };
-        // The oldest version among the model's tokens.
-        let oldest = self
-            .versions
-            .iter()
-            .zip(&self.loss_mask)
-            .filter(|(_, m)| **m == 1)
-            .map(|(v, _)| *v)
-            .min()
-            .unwrap_or(version);
-        Trajectory {
-            prompt_ids: self.context[..self.prompt_len].to_vec(),
-            response_ids: self.context[self.prompt_len..].to_vec(),
-            loss_mask: self.loss_mask,
-            behaviour_logprobs: self.logprobs,
-            filter_log_mass: self.filter_log_mass,
-            kept_ids: self.kept_ids,
-            routing: self.routing,
-            version: oldest,
-            token_versions: self.versions,
-            finish_reason: self.finish,
-            truncated: self.truncated,
-            reward,
-            reward_terms,
-            reward_error,
-            group_id: self.group,
-            completion,
-            turns: self.turns,
-        }
     }
 }

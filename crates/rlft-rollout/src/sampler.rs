@@ -261,7 +261,7 @@ impl<'a> Sampler<'a> {
             return Ok(h.as_ref());
         }
         let made = if HostWeights::suits_model(self.model) {
-            Some(HostWeights::new(self.model).map_err(|e| RolloutError::Input(e.to_string()))?)
+            Some(HostWeights::new(self.model).map_err(model_err)?)
         } else {
             None
         };
@@ -322,6 +322,11 @@ impl<'a> Sampler<'a> {
         let tail = &row.text[from..];
         Ok(cfg.stop_strings.iter().any(|s| tail.contains(s.as_str())))
     }
+}
+
+/// A model error met while sampling, as the sampler's error.
+fn model_err(e: rlft_model::ModelError) -> RolloutError {
+    RolloutError::Input(e.to_string())
 }
 
 /// One decode step's last-position logits: on the host, or still on the device.

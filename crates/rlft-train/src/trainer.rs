@@ -112,8 +112,6 @@ fn task(recipe: &Recipe, tokenizer: &Tokenizer) -> Result<Task> {
     Ok(task)
 }
 
-/// The learner's devices: the run's (the first of `[distributed] devices`, else `device`),
-/// without autodiff, and the other ranks' (with autodiff).
 /// Refuses an `output_dir` that holds anything (a fresh run must not mix with another's files).
 fn check_fresh_output_dir(out: &Path) -> Result<()> {
     if out.exists()
@@ -165,6 +163,8 @@ fn learner_pools(
     Ok((learner_pool, rank_pools))
 }
 
+/// The learner's devices: the run's (the first of `[distributed] devices`, else `device`),
+/// without autodiff, and the other ranks' (with autodiff).
 fn learner_devices(recipe: &Recipe) -> Result<(Device, Vec<Device>)> {
     let devices = &recipe.distributed.devices;
     let plain = recipe.distributed.run_device(recipe.device).device()?;

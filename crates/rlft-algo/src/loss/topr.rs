@@ -113,7 +113,6 @@ fn roll_agg(
 impl PolicyLoss for Topr {
     fn terms(&self, ctx: &LossContext<'_>) -> Result<LossTerms> {
         let input = ctx.input;
-        let cfg = ctx.config;
         let mask = &input.response_mask;
         let [b, _] = mask.dims();
         let scores = ctx.scores("topr")?;
@@ -139,18 +138,8 @@ impl PolicyLoss for Topr {
             Some(k) => loss * k.clone(),
             None => loss,
         };
-        let global = &input.global;
-        let (tokens, samples, width) = (
-            global.batch_num_tokens,
-            global.global_batch_size,
-            global.loss_scale_factor,
-        );
         let weights = pos2.ones_like() * (b as f64 / (b as f64 + COUNT_EPS));
-        let mode = cfg.aggregation;
-        let agg = |x: Tensor<2>, m: &Tensor<2>, w: Option<&Tensor<2>>| {
-            roll_agg(x, m, mode, w, tokens, samples, width)
-        };
-        let total = agg(loss.clone(), mask, Some(&weights))?;
+        let total = weighted_agg(ctx, loss.clone(), mask, Some(&weights))?;
         let parts = ToprParts {
             scores,
             pos,
@@ -322,12 +311,22 @@ impl ToprParts {
 /// `x` over `m` aggregated as ROLL aggregates the loss (the run's mode and normalisers), rows
 /// unweighted.
 fn agg(ctx: &LossContext<'_>, x: Tensor<2>, m: &Tensor<2>) -> Result<Tensor<1>> {
+    weighted_agg(ctx, x, m, None)
+}
+
+/// `x` over `m` aggregated as ROLL aggregates the loss, each row weighted by `w` when given.
+fn weighted_agg(
+    ctx: &LossContext<'_>,
+    x: Tensor<2>,
+    m: &Tensor<2>,
+    w: Option<&Tensor<2>>,
+) -> Result<Tensor<1>> {
     let g = &ctx.input.global;
     roll_agg(
         x,
         m,
         ctx.config.aggregation,
-        None,
+        w,
         g.batch_num_tokens,
         g.global_batch_size,
         g.loss_scale_factor,

@@ -93,7 +93,7 @@ fn read_shared(
         )));
     }
     let num_layers = k.need_usize("num_hidden_layers")?;
-    let rope = read_rope(k, defaults.rope_theta)?;
+    let rope = read_rope(k)?;
     let sliding_window = match defaults.sliding_window {
         SlidingWindow::Never => None,
         SlidingWindow::Optional => k.usize("sliding_window")?,
@@ -138,8 +138,9 @@ fn read_shared(
 
 /// The global RoPE parameter set: transformers 5's `rope_parameters` (flat, or one set per
 /// layer type) or the hub's top-level `rope_theta` + `rope_scaling`, spellings checked to
-/// agree. θ is `None` when neither spelling gives one.
-fn read_rope(k: &ConfigKeys<'_>, default_theta: f64) -> Result<Rope> {
+/// agree. θ is `None` when neither spelling gives one; the partial rotary factor is checked,
+/// 1 when not given.
+fn read_rope(k: &ConfigKeys<'_>) -> Result<Rope> {
     let err = k.err;
     let params = k.get("rope_parameters");
     let per_type = k.rope_per_layer_type();
@@ -165,13 +166,10 @@ fn read_rope(k: &ConfigKeys<'_>, default_theta: f64) -> Result<Rope> {
         }
         r
     };
-    global.theta = Some(
-        k.agree(
-            ("rope_theta", k.f64("rope_theta")?),
-            (rope_key(per_type, "rope_theta"), global.theta),
-        )?
-        .unwrap_or(default_theta),
-    );
+    global.theta = k.agree(
+        ("rope_theta", k.f64("rope_theta")?),
+        (rope_key(per_type, "rope_theta"), global.theta),
+    )?;
     let partial = k
         .agree(
             ("partial_rotary_factor", k.f64("partial_rotary_factor")?),

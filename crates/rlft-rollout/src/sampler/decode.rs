@@ -5,7 +5,7 @@
 use super::routing::{Recorded, record_routing, sparse_shape};
 use super::{
     Completion, Draw, FinishReason, KvOnUpdate, Row, SampleOn, Sampler, SamplingConfig, StepLogits,
-    Updated, Updates, WeightUpdate, draw_on_device, draw_on_host, padded_input,
+    Updated, Updates, WeightUpdate, draw_on_device, draw_on_host, model_err, padded_input,
 };
 use crate::{Result, RolloutError};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -16,10 +16,6 @@ use rlft_model::{
     DECODE_ROWS, ForwardInput, HostKvCache, HostWeights, KvCache, TokenRouting, Transformer,
 };
 use std::collections::HashMap;
-
-fn model_err(e: rlft_model::ModelError) -> RolloutError {
-    RolloutError::Input(e.to_string())
-}
 
 /// One generation under way.
 pub(super) struct Decode<'s, 'a> {

@@ -22,7 +22,6 @@ impl Prepare<'_> {
         off_policy: bool,
         diag: &mut StepDiagnostics,
     ) -> Result<()> {
-        let rows = &mut batch.rows[..];
         let a = &self.recipe.algorithm;
         let on_policy = a.ppo_epochs == 1 && a.mini_batches == 1;
         let old_pass = self
@@ -30,20 +29,19 @@ impl Prepare<'_> {
             .algo
             .offpolicy
             .needs_old_pass(on_policy, off_policy);
-        let (prox, prox_secs) = self.frozen_passes(rows, old_pass)?;
+        let (prox, prox_secs) = self.frozen_passes(&mut batch.rows, old_pass)?;
         // The anchor (π_old, or μ for a cumulative ratio against the behaviour policy) is set
         // before the advantages, whose KL-in-reward reads it.
         if old_pass && !self.learner.algo.offpolicy.anchors_at_behaviour() {
-            for (row, p) in rows.iter_mut().zip(&prox) {
+            for (row, p) in batch.rows.iter_mut().zip(&prox) {
                 row.old_lp.clone_from(p);
             }
         }
         self.advantages(batch)?;
-        let rows = &mut batch.rows[..];
         // After the advantages: rejection masks the loss, it does not move an outcome reward.
         if old_pass {
             diag.prox_secs = Some(prox_secs);
-            self.correct_rows(rows, &prox, diag)?;
+            self.correct_rows(batch, &prox, diag)?;
         }
         Ok(())
     }
@@ -129,13 +127,14 @@ impl Prepare<'_> {
     /// decoupled mode corrects the batch (IS weights of π_prox against μ, rejection mask).
     fn correct_rows(
         &self,
-        rows: &mut [Row],
+        batch: &mut Rows,
         prox: &[Vec<f32>],
         diag: &mut StepDiagnostics,
     ) -> Result<()> {
         let off = &self.learner.algo.offpolicy;
+        let rmax = batch.width();
+        let rows = &mut batch.rows;
         let n = rows.len();
-        let rmax = rows.iter().map(Row::resp_len).max().unwrap_or(1).max(1);
         let refs: Vec<&Row> = rows.iter().collect();
         let behaviour = aligned(&refs, rmax, |r| &r.behaviour_lp);
         let mask = aligned(&refs, rmax, |r| &r.mask);

@@ -14,9 +14,9 @@ use crate::{ModelError, Result, TransformerConfig};
 use serde_json::{Map, Value, json};
 
 /// The configuration of a GGUF file read through its `config.json` form (see the module docs).
-pub(crate) fn gguf_via_config_json<F: Family + ?Sized>(
+pub(crate) fn gguf_via_config_json(
     meta: &GgufKeys<'_>,
-    family: &F,
+    family: &dyn Family,
 ) -> Result<TransformerConfig> {
     let json = config_json(meta, family)?;
     TransformerConfig::from_hf_json(&json.to_string()).map_err(|e| match e {
@@ -26,7 +26,7 @@ pub(crate) fn gguf_via_config_json<F: Family + ?Sized>(
 }
 
 /// The `config.json` equivalent of the file's metadata for `family`.
-fn config_json<F: Family + ?Sized>(meta: &GgufKeys<'_>, family: &F) -> Result<Value> {
+fn config_json(meta: &GgufKeys<'_>, family: &dyn Family) -> Result<Value> {
     let model_type = family.model_type();
     let arch = meta.arch();
     let err = |msg: String| meta.error(msg);
