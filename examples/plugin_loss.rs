@@ -119,8 +119,11 @@ fn run(args: impl IntoIterator<Item = String>) -> Result<String> {
     if recipe.output_dir.exists() {
         std::fs::remove_dir_all(&recipe.output_dir)?;
     }
-    let (summary, out) = cmd.run(recipe, None)?;
-    Ok(launch::report(&summary, &out))
+    // Under `[distributed] backend = "mpi"`, ranks past the first report nothing.
+    Ok(match cmd.run(recipe, None)? {
+        Some((summary, out)) => launch::report(&summary, &out),
+        None => String::new(),
+    })
 }
 
 fn main() -> Result<()> {

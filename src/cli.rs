@@ -127,8 +127,11 @@ pub fn train(args: impl IntoIterator<Item = String>) -> Result<String, rlft_trai
     // A bad command line or recipe is rejected before the Ctrl-C handler is installed.
     let recipe = cmd.recipe()?;
     let stop = stop_on_ctrl_c()?;
-    let (summary, out) = cmd.run(recipe, Some(stop))?;
-    Ok(launch::report(&summary, &out))
+    // A learner rank past the first (`[distributed] backend = "mpi"`) has nothing to report.
+    Ok(match cmd.run(recipe, Some(stop))? {
+        Some((summary, out)) => launch::report(&summary, &out),
+        None => String::new(),
+    })
 }
 
 /// Installs a Ctrl-C handler: the first Ctrl-C sets the returned flag (the run stops after the

@@ -42,7 +42,9 @@ fn main() -> ExitCode {
     match args.next().as_deref() {
         Some("train") => match rlft::cli::train(args) {
             Ok(report) => {
-                println!("{report}");
+                if !report.is_empty() {
+                    println!("{report}");
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -175,6 +175,9 @@ pub struct Extensions {
     pub environment: Option<Arc<dyn rlft_rollout::Environment>>,
     /// The evaluation problems, instead of `data.eval` or the task's test split.
     pub eval_set: Option<Vec<rlft_rollout::Example>>,
+    /// Under `[distributed] backend = "mpi"`: the learner's process ranks, of which this
+    /// trainer is rank 0 (the others run [`crate::follower::Follower`]).
+    pub group: Option<Arc<dyn crate::distributed::group::ProcessGroup>>,
 }
 
 impl Default for Extensions {
@@ -184,6 +187,7 @@ impl Default for Extensions {
             rewards: Vec::new(),
             environment: None,
             eval_set: None,
+            group: None,
         }
     }
 }

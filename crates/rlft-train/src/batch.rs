@@ -16,7 +16,7 @@ use rlft_model::TokenRouting;
 use rlft_rollout::{Group, LearnerBatch, Trajectory};
 
 /// One trajectory prepared for the learner: host vectors over its response tokens.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Row {
     /// Prompt and response token ids.
     pub ids: Vec<i64>,

@@ -1,9 +1,12 @@
-//! The data-parallel learner: `[distributed] devices` lists one learner rank per device. Each
-//! optimiser step shards the mini-batch's rows over the ranks, every rank computes the gradient
-//! of its rows on a replica of the policy ([`Module::fork`] onto its device) with its loss
-//! normalised by the whole mini-batch ([`GlobalBatchInfo`]: the global token and sequence
-//! counts), and the ranks' gradients are summed ([`sum_gradients`]): the sum is the gradient of
-//! the whole mini-batch for every loss aggregation.
+//! The data-parallel learner. `[distributed] devices` lists one learner rank per device, as
+//! threads of one process (`backend = "threads"`); with `backend = "mpi"` every rank is a
+//! process of its own, launched by `mpirun` or `srun` ([`group`], [`crate::follower`], and the
+//! `mpi` cargo feature's `mpi` module). Each optimiser step shards the mini-batch's rows over the ranks,
+//! every rank computes the gradient of its rows on a replica of the policy ([`Module::fork`]
+//! onto its device, or its process's own copy) with its loss normalised by the whole mini-batch
+//! ([`GlobalBatchInfo`]: the global token and sequence counts), and the ranks' gradients are
+//! summed ([`sum_gradients`]): the sum is the gradient of the whole mini-batch for every loss
+//! aggregation.
 //!
 //! verl instead multiplies each rank's loss by `dp_size` and averages (an all-reduce mean); that
 //! is the same in exact arithmetic, but for a rank count that is not a power of two the
@@ -12,33 +15,83 @@
 //! after one step (lr 1e-3) that way, by 1.6e-6 with the sum (`tests/data_parallel.rs`). So
 //! `GlobalBatchInfo::dp_size` stays 1 here.
 //!
-//! The first rank's device holds the policy, the optimiser and the sum; every other rank
-//! computes on its own fork of the step's weights ([`Module::fork`]), on its device or on the
-//! first rank's, so that no two ranks share an autodiff graph. The ranks run at once, each on
-//! its own thread with its own compute pool of `distributed.threads_per_rank` threads
+//! With thread ranks the first rank's device holds the policy, the optimiser and the sum; every
+//! other rank computes on its own fork of the step's weights ([`Module::fork`]), on its device
+//! or on the first rank's, so that no two ranks share an autodiff graph. The ranks run at once,
+//! each on its own thread with its own compute pool of `distributed.threads_per_rank` threads
 //! (`RankPools`), and the sum is taken in rank order on the first rank's device (through the
 //! host for CPU backends): it is bit for bit the sum of the same ranks run one after another.
-//! burn's collective `all_reduce` over NCCL is not used (`docs/backends.md`).
+//! Process ranks gather every rank's gradients and take the same sum in the same order, each
+//! on its own copy of the policy, then each applies the optimiser step itself: the weights are
+//! those of the thread ranks, bit for bit. burn's collective `all_reduce` over NCCL is not
+//! used (`docs/backends.md`).
 //!
 //! [`GlobalBatchInfo`]: rlft_algo::aggregation::GlobalBatchInfo
+
+pub mod group;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod shard;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+/// How the learner's ranks run.
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum DistributedBackend {
+    /// Threads of one process, one per `distributed.devices` entry.
+    #[default]
+    Threads,
+    /// One process per rank, launched by `mpirun -np N`, `srun` or an MPIJob (the `mpi` cargo
+    /// feature).
+    Mpi,
+}
+
 /// `[distributed]`: data parallelism of the learner.
-#[derive(schemars::JsonSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DistributedSection {
+    /// `"threads"` (ranks are threads of this process, one per `devices` entry) or `"mpi"`
+    /// (every process `mpirun` starts is one rank; needs the `mpi` cargo feature).
+    pub backend: DistributedBackend,
     /// One learner rank per device, e.g. `["cuda:0", "cuda:1"]` or `["flex", "flex"]` (empty:
     /// one rank on the recipe's `device`). The top-level `device` must then be unset (`auto`)
-    /// or the first of them.
+    /// or the first of them. Under `mpi`, indexed by the rank's local rank on its machine (empty:
+    /// `device` for every rank).
     #[schemars(with = "Vec<String>")]
     pub devices: Vec<rlft_model::device::DeviceSpec>,
     /// Compute threads of each rank's own pool (unset: the learner's threads, as
-    /// `async.learner_threads` or the machine's, divided among the ranks, at least one each).
+    /// `async.learner_threads` or the machine's, divided among the ranks on the machine, at
+    /// least one each).
     pub threads_per_rank: Option<usize>,
+    /// Under `mpi`: every this many RL steps the ranks compare a digest of their weights, and
+    /// a difference stops the run naming the ranks (0: never).
+    pub check_every: usize,
+    /// Under `mpi`: each rank holds the AdamW state of about 1/N of the parameters (whole
+    /// tensors), steps those and gathers the others' (ZeRO-1); the weights are the unsharded
+    /// run's bit for bit, and checkpoints hold the whole state as without it.
+    pub shard_optimizer: bool,
+    /// Under `mpi`: a rank that sends no heartbeat for this many seconds (dead, stopped, hung,
+    /// unreachable) stops every rank, with an error naming it (exit status 5).
+    pub timeout_s: f64,
+}
+
+impl Default for DistributedSection {
+    fn default() -> Self {
+        Self {
+            backend: DistributedBackend::Threads,
+            devices: Vec::new(),
+            threads_per_rank: None,
+            shard_optimizer: false,
+            check_every: 50,
+            timeout_s: 300.0,
+        }
+    }
 }
 
 impl DistributedSection {
@@ -50,9 +103,13 @@ impl DistributedSection {
         self.devices.first().copied().unwrap_or(device)
     }
 
-    /// Number of learner ranks (1 without `devices`).
+    /// Number of learner thread ranks in this process (1 without `devices`, and under `mpi`,
+    /// where each process is one rank).
     pub fn ranks(&self) -> usize {
-        self.devices.len().max(1)
+        match self.backend {
+            DistributedBackend::Threads => self.devices.len().max(1),
+            DistributedBackend::Mpi => 1,
+        }
     }
 
     /// Checks the devices against the recipe's top-level `device`; on error returns the key and
@@ -68,7 +125,7 @@ impl DistributedSection {
                     format!("is {t}; give each rank between 1 and 1024 threads"),
                 ));
             }
-            if self.devices.len() < 2 {
+            if self.backend == DistributedBackend::Threads && self.devices.len() < 2 {
                 return Err((
                     "distributed.threads_per_rank",
                     "applies to several learner ranks: list two or more distributed.devices, \
@@ -76,6 +133,23 @@ impl DistributedSection {
                         .into(),
                 ));
             }
+        }
+        if self.shard_optimizer && self.backend != DistributedBackend::Mpi {
+            return Err((
+                "distributed.shard_optimizer",
+                "shards the optimizer state across process ranks: set distributed.backend = \
+                 \"mpi\" (thread ranks share one optimizer)"
+                    .into(),
+            ));
+        }
+        if !(0.1..=604_800.0).contains(&self.timeout_s) {
+            return Err((
+                "distributed.timeout_s",
+                format!(
+                    "is {}; give a rank between 0.1 s and a week to answer",
+                    self.timeout_s
+                ),
+            ));
         }
         let Some(&first) = self.devices.first() else {
             return Ok(());

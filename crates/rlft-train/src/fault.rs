@@ -7,6 +7,8 @@
 //! - `warmup:<k>`: after SFT warm-up step `k` (1-based), before its checkpoint;
 //! - `rollout:<n>`: after RL step `n`'s rollouts and rewards, before its update;
 //! - `update:<n>`: after step `n`'s update, before its metrics line and checkpoint;
+//! - `rank<r>:update:<n>`: on MPI learner rank `r` past the first, with step `n`'s rows, before
+//!   its share of the update;
 //! - `checkpoint:<name>`: inside a checkpoint write (`name` is `warmup-<k>` or `step-<n>`),
 //!   with its files written to the temporary folder, before the rename that publishes it.
 

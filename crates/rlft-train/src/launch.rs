@@ -7,6 +7,8 @@
 //! [`crate::recipe::RESUMABLE_KEYS`].
 
 use crate::checkpoint;
+use crate::distributed::DistributedBackend;
+use crate::distributed::group::ProcessGroup;
 use crate::{Extensions, Recipe, Result, RunSummary, TrainError, Trainer};
 use rlft_algo::loss::LossRegistry;
 use std::path::PathBuf;
@@ -49,22 +51,89 @@ impl TrainCommand {
     }
 
     /// Builds the trainer for `recipe` (what [`TrainCommand::recipe`] gave) and runs it to the
-    /// end, or until `stop` is set.
+    /// end, or until `stop` is set. Under `[distributed] backend = "mpi"` this process is one of
+    /// the learner's ranks: rank 0 runs the trainer, the others follow it
+    /// ([`crate::follower`]) and return `None` (they write nothing).
     ///
     /// # Errors
-    /// Everything [`Trainer::new`] and [`Trainer::run`] report.
+    /// Everything [`Trainer::new`] and [`Trainer::run`] report; `mpi` in a build without the
+    /// `mpi` feature, or outside an MPI launcher.
     pub fn run(
         &self,
         recipe: Recipe,
         stop: Option<Arc<AtomicBool>>,
+    ) -> Result<Option<(RunSummary, PathBuf)>> {
+        match recipe.distributed.backend {
+            DistributedBackend::Threads => self.lead(recipe, stop, None).map(Some),
+            DistributedBackend::Mpi => self.run_mpi(recipe, stop),
+        }
+    }
+
+    /// The trainer's run, as the only rank or as rank 0 of `group`.
+    fn lead(
+        &self,
+        recipe: Recipe,
+        stop: Option<Arc<AtomicBool>>,
+        group: Option<Arc<dyn ProcessGroup>>,
     ) -> Result<(RunSummary, PathBuf)> {
         let ext = Extensions {
             registry: self.registry.clone(),
+            group: group.clone(),
             ..Extensions::default()
         };
         let mut trainer = Trainer::with_extensions(recipe, self.resume.as_deref(), ext)?;
         let out = trainer.output_dir().to_path_buf();
-        Ok((trainer.run(stop)?, out))
+        let summary = trainer.run(stop)?;
+        if group.is_some() {
+            let t = trainer.stop_ranks()?;
+            eprintln!(
+                "optimizer state per learner rank: {:?} bytes",
+                t.optimizer_bytes
+            );
+            eprintln!("sent per learner rank: {:?} bytes", t.sent_bytes);
+        }
+        Ok((summary, out))
+    }
+
+    #[cfg(feature = "mpi")]
+    fn run_mpi(
+        &self,
+        recipe: Recipe,
+        stop: Option<Arc<AtomicBool>>,
+    ) -> Result<Option<(RunSummary, PathBuf)>> {
+        use crate::distributed::mpi::MpiGroup;
+        let mpi = Arc::new(MpiGroup::init(&recipe.distributed)?);
+        let group: Arc<dyn ProcessGroup> = mpi.clone();
+        let result = match mpi.rank() {
+            0 => self.lead(recipe, stop, Some(group.clone())).map(Some),
+            _ => crate::follower::Follower::new(recipe, &self.registry, group.clone())
+                .and_then(crate::follower::Follower::run)
+                .map(|_| None),
+        };
+        drop(group);
+        match result {
+            Ok(done) => {
+                mpi.finish();
+                Ok(done)
+            }
+            // The other ranks may wait in a collective for this one: stop them all.
+            Err(e) => mpi.abort(&e),
+        }
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn run_mpi(
+        &self,
+        _recipe: Recipe,
+        _stop: Option<Arc<AtomicBool>>,
+    ) -> Result<Option<(RunSummary, PathBuf)>> {
+        Err(TrainError::Usage(
+            "distributed.backend = \"mpi\" needs rlft built with the mpi feature: install an \
+             MPI library and libclang (Debian: apt install openmpi-bin libopenmpi-dev \
+             libclang-dev), build with cargo build --release --features mpi, and launch every \
+             rank with mpirun -np N target/release/rlft train RECIPE"
+                .into(),
+        ))
     }
 }
 

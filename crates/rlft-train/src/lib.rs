@@ -18,6 +18,7 @@ pub mod distributed;
 mod eval;
 pub mod export;
 pub mod fault;
+pub mod follower;
 pub mod launch;
 mod learner;
 mod models;
@@ -110,18 +111,24 @@ pub enum TrainError {
     /// JSON (de)serialisation.
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// The learner's process ranks (`[distributed] backend = "mpi"`) cannot go on: a rank
+    /// stopped answering, the ranks' weights diverged, or a message between them was damaged.
+    /// Exit status 5 ([`TrainError::exit_code`]).
+    #[error("learner ranks: {0}")]
+    Ranks(String),
 }
 
 impl TrainError {
     /// The process exit status the `rlft` program gives for this error: 2 for a command line
     /// that cannot be run ([`TrainError::Usage`]), 3 for a failed rollout worker
     /// ([`TrainError::Worker`]), 4 for rollout servers that failed ([`TrainError::Servers`]),
-    /// 1 for everything else.
+    /// 5 for learner ranks that cannot go on ([`TrainError::Ranks`]), 1 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) => 2,
             Self::Worker { .. } => 3,
             Self::Servers(_) | Self::Rollout(rlft_rollout::RolloutError::Server(_)) => 4,
+            Self::Ranks(_) => 5,
             _ => 1,
         }
     }

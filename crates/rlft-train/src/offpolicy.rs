@@ -60,7 +60,7 @@ impl OffPolicy {
 }
 
 /// The step's off-policy metrics, accumulated over the batches they come from.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct StepDiagnostics {
     sums: BTreeMap<String, f64>,
     tokens: f64,

@@ -14,16 +14,17 @@
 //! mode, with η = 0).
 
 use crate::algorithm::{Extensions, resolve_algorithm};
-use crate::batch::Packing;
+use crate::batch::Row;
 use crate::checkpoint::{self, TrainerState};
 use crate::demos::Demos;
+use crate::distributed::group::Update;
 use crate::eval::Evaluate;
 use crate::events::{EventKind, Timeline};
-use crate::learner::{Learner, logits_chunk};
+use crate::follower;
+use crate::learner::{Learner, Placement};
 use crate::metrics::StepMetrics;
 use crate::models::Models;
 use crate::offpolicy::StepDiagnostics;
-use crate::optim::adamw;
 use crate::recipe::AsyncMode;
 use crate::recipe::{KlPlacement, Recipe};
 use crate::report::{AsyncReport, ServerReport, StageTimes, StepReport, UpdateStats};
@@ -36,7 +37,6 @@ use crate::step::collect::{Collect, admission, stop_workers};
 use crate::step::learn::Learn;
 use crate::step::prepare::Prepare;
 use crate::{Result, TrainError, io_err};
-use burn::tensor::Device;
 use rlft_algo::seed::spread;
 use rlft_model::{Tokenizer, Transformer};
 use rlft_rollout::{DataCursor, Dataset, Example, Task};
@@ -130,52 +130,6 @@ fn check_fresh_output_dir(out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The learner's compute pool (`async.learner_threads`) and, with several ranks, each rank's
-/// own (`distributed.threads_per_rank`, else the shared threads split evenly).
-fn learner_pools(
-    recipe: &Recipe,
-) -> Result<(
-    Option<Arc<rayon::ThreadPool>>,
-    Option<crate::distributed::RankPools>,
-)> {
-    let learner_pool = recipe
-        .asynchrony
-        .learner_threads
-        .map(|n| crate::compute_pool(n, |k| format!("rlft-learner-{k}")).map(Arc::new))
-        .transpose()
-        .map_err(|e| TrainError::Usage(format!("learner compute threads: {e}")))?;
-    let rank_pools = match recipe.distributed.ranks() {
-        1 => None,
-        n => {
-            let shared = recipe
-                .asynchrony
-                .learner_threads
-                .unwrap_or_else(rayon::current_num_threads);
-            let threads = recipe
-                .distributed
-                .threads_per_rank
-                .unwrap_or((shared / n).max(1));
-            let pools = crate::distributed::RankPools::new(n, threads)
-                .map_err(|e| TrainError::Usage(format!("learner rank threads: {e}")))?;
-            Some(pools)
-        }
-    };
-    Ok((learner_pool, rank_pools))
-}
-
-/// The learner's devices: the run's (the first of `[distributed] devices`, else `device`),
-/// without autodiff, and the other ranks' (with autodiff).
-fn learner_devices(recipe: &Recipe) -> Result<(Device, Vec<Device>)> {
-    let devices = &recipe.distributed.devices;
-    let plain = recipe.distributed.run_device(recipe.device).device()?;
-    let ranks = devices
-        .iter()
-        .skip(1)
-        .map(|d| d.device().map(|d| d.autodiff()))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok((plain, ranks))
-}
-
 impl Trainer {
     /// The policy (on the autodiff device).
     pub fn policy(&self) -> &Transformer {
@@ -216,14 +170,14 @@ impl Trainer {
             recipe.check_resume(&Recipe::from_stored(&r.stored_recipe()?)?)?;
             recipe.output_dir = r.run_dir();
         }
-        let (plain, ranks) = learner_devices(&recipe)?;
-        let device = plain.clone().autodiff();
+        let place = Placement::new(&recipe, ext.group.as_deref())?;
+        let device = place.plain.clone().autodiff();
         device.seed(recipe.seed);
         if resume.is_none() {
             check_fresh_output_dir(&recipe.output_dir)?;
         }
         let stored = recipe.to_toml()?;
-        let (models, tokenizer) = Models::build(&recipe, (&device, &plain), &ranks)?;
+        let (models, tokenizer) = Models::build(&recipe, (&device, &place.plain), &place.ranks)?;
         let task = task(&recipe, &tokenizer)?;
         let mut sources = Sources::load(&recipe, &task, &tokenizer)?;
         if let Some(env) = &ext.environment {
@@ -242,7 +196,6 @@ impl Trainer {
             }
             _ => None,
         };
-        let (learner_pool, rank_pools) = learner_pools(&recipe)?;
         // Created once everything it describes has loaded: bad input leaves nothing behind.
         let out = &recipe.output_dir;
         std::fs::create_dir_all(out).map_err(io_err(out))?;
@@ -256,34 +209,15 @@ impl Trainer {
         );
         side.correctness = correctness;
         side.fleet = Fleet::new(&recipe, &tokenizer, &models.config)?.map(Arc::new);
+        let pad_id = i64::from(tokenizer.pad_id.unwrap_or(0));
+        let mut learner = Learner::new(&recipe, algo, place, pad_id, models.config.vocab_size);
+        learner.group = ext.group.clone();
         let trainer = Self {
             side,
             feed: Feed::Switching,
             timeline: Arc::new(Timeline::open(None, false)?),
             last_step_end: None,
-            learner: Learner {
-                device,
-                plain,
-                ranks,
-                pool: learner_pool,
-                rank_pools,
-                algo,
-                loss_seed: recipe.seed,
-                optim: adamw(&recipe.optimizer),
-                critic_optim: recipe.model.critic.then(|| adamw(&recipe.optimizer)),
-                sft_optim: None,
-                packing: Packing {
-                    pad_id: i64::from(tokenizer.pad_id.unwrap_or(0)),
-                    micro_batch_size: recipe.algorithm.micro_batch_size,
-                    micro_batch_tokens: recipe.algorithm.micro_batch_tokens,
-                    router_replay: recipe.algorithm.router_replay,
-                    moe_aux_coef: recipe.algorithm.moe_aux_coef,
-                },
-                logits_chunk: logits_chunk(
-                    recipe.algorithm.logits_chunk_tokens,
-                    models.config.vocab_size,
-                ),
-            },
+            learner,
             recipe,
             models,
             tokenizer,
@@ -404,6 +338,16 @@ impl Trainer {
         Ok(())
     }
 
+    /// Under `[distributed] backend = "mpi"`: tells the other learner ranks that the run is over
+    /// (they return) and returns each rank's optimiser state and traffic in bytes; empty
+    /// without process ranks.
+    ///
+    /// # Errors
+    /// The ranks cannot be reached.
+    pub fn stop_ranks(&mut self) -> Result<follower::RankTotals> {
+        follower::stop_ranks(&self.learner)
+    }
+
     fn lr(&self, step: usize) -> f64 {
         self.recipe.schedule.lr(self.recipe.optimizer.lr, step)
     }
@@ -457,13 +401,7 @@ impl Trainer {
         let t_train = Instant::now();
         let update = match prepared.rows.is_empty() {
             true => UpdateStats::default(),
-            false => Learn {
-                recipe: &self.recipe,
-                models: &mut self.models,
-                learner: &mut self.learner,
-                step: self.state.step,
-            }
-            .update(&prepared.rows.rows, lr, &mut diag)?,
+            false => self.learn(&prepared.rows.rows, lr, &mut diag)?,
         };
         let (tokens, now) = (prepared.rows.trained_tokens(), self.timeline.now());
         let version = step as u64;
@@ -500,6 +438,36 @@ impl Trainer {
             kl_coef,
             skipped_steps: self.state.skipped_steps,
         })
+    }
+
+    /// The learn stage over `rows` at learning rate `lr`; with process ranks, they run it too
+    /// (rank 0 sends them the rows first) and compare their weights every
+    /// `distributed.check_every` steps.
+    fn learn(&mut self, rows: &[Row], lr: f64, diag: &mut StepDiagnostics) -> Result<UpdateStats> {
+        let group = self.learner.group.clone();
+        if let Some(group) = &group {
+            follower::start_ranks(&self.recipe, &self.models, &mut self.learner)?;
+            let update = Update {
+                step: self.state.step,
+                lr,
+                loss_seed: self.learner.loss_seed,
+                kl_coef: self.learner.algo.config.kl_coef,
+                rows: rows.to_vec(),
+            };
+            follower::lead_update(group.as_ref(), update)?;
+        }
+        let stats = Learn {
+            recipe: &self.recipe,
+            models: &mut self.models,
+            learner: &mut self.learner,
+            step: self.state.step,
+        }
+        .update(rows, lr, diag)?;
+        if let Some(group) = &group {
+            let step = self.state.step + 1;
+            follower::check_due(group.as_ref(), &self.recipe, &self.models, step)?;
+        }
+        Ok(stats)
     }
 
     /// β of step `step` into the loss (where the recipe places KL there) and Clip-Cov's draws

@@ -43,7 +43,7 @@ pub struct BucketQuantiles {
 
 /// Collects log-ratios by response position over any number of batches (a step's micro-batches,
 /// epochs), then reports linear-interpolated quantiles per bucket.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PositionQuantiles {
     token: Vec<Vec<f64>>,
     cumulative: Vec<Vec<f64>>,

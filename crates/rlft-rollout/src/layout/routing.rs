@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 /// Counts of recorded (token, sparse layer) pairs over the passes of a batch, and their
 /// load-balancing losses.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RoutingStats {
     /// Recorded pairs seen.
     pub pairs: u64,

@@ -4,8 +4,9 @@
 use crate::{Result, TrainError};
 
 /// Keys (or whole sections) a resumed run may change.
-pub const RESUMABLE_KEYS: [&str; 9] = [
+pub const RESUMABLE_KEYS: [&str; 10] = [
     "schedule.steps",
+    "distributed",
     "eval",
     "checkpoint",
     "logging",

@@ -7,6 +7,10 @@
 use crate::batch::{Row, aligned, per_token, t2};
 use crate::chunked::{LossOut, chunked_backward};
 use crate::correction::{CorrectionMode, Opsm};
+use crate::distributed::group::{
+    ProcessGroup, RankPart, decode, encode, grads_from_host, grads_to_host,
+};
+use crate::distributed::shard::sharded_step;
 use crate::distributed::sum_gradients;
 use crate::learner::Learner;
 use crate::models::Models;
@@ -112,14 +116,23 @@ impl Learn<'_> {
         {
             return Ok(false);
         }
+        let shards = self.learner.optimizer_shards();
         let policy = self.models.take_policy();
-        self.models.policy = Some(self.learner.optim.step(lr, policy, grads));
+        self.models.policy = Some(match &shards {
+            Some(group) => {
+                sharded_step(group.as_ref(), &mut self.learner.optim, lr, policy, grads)?
+            }
+            None => self.learner.optim.step(lr, policy, grads),
+        });
         if let (Some(critic), Some(o), Some((g, _))) = (
             self.models.critic.take(),
             self.learner.critic_optim.as_mut(),
             critic_grads,
         ) {
-            self.models.critic = Some(o.step(lr, critic, g));
+            self.models.critic = Some(match &shards {
+                Some(group) => sharded_step(group.as_ref(), o, lr, critic, g)?,
+                None => o.step(lr, critic, g),
+            });
         }
         Ok(true)
     }
@@ -138,7 +151,10 @@ impl Learn<'_> {
             .iter()
             .filter(|&&i| rows[i].mask.iter().any(|&m| m > 0.0))
             .count();
-        let ranks = self.learner.ranks.len() + 1;
+        let ranks = match &self.learner.group {
+            Some(group) => group.size(),
+            None => self.learner.ranks.len() + 1,
+        };
         // Every rank's loss is normalised by the whole mini-batch and the ranks' gradients are
         // summed: `dp_size` stays 1 (see `crate::distributed`).
         let global = GlobalBatchInfo {
@@ -151,8 +167,39 @@ impl Learn<'_> {
         let mut critic_grads = Vec::with_capacity(ranks);
         let mut step_value_loss = 0.0;
         let shards = crate::distributed::shard(mini, ranks);
-        // Every rank past the first computes on its own fork of this step's weights (on its
-        // device, or on the first rank's): ranks share no autodiff graph.
+        let parts = match &self.learner.group {
+            Some(group) => self.process_parts(group.as_ref(), &shards, rows, global)?,
+            None => self.thread_parts(&shards, rows, global),
+        };
+        for part in parts {
+            let (part, rank_diag) = part?;
+            diag.merge(rank_diag);
+            for (s, p) in acc.sums.iter_mut().zip(part.sums) {
+                *s += p;
+            }
+            acc.count += part.micro_batches;
+            acc.routing.add(part.routing);
+            step_value_loss += part.value_losses.iter().sum::<f64>();
+            policy_grads.push(part.policy);
+            critic_grads.extend(part.critic);
+        }
+        if self.models.critic.is_some() {
+            // Each micro-batch's value loss is its share of the mini-batch's (global
+            // normalisation): their sum is the step's, whatever the micro-batching.
+            acc.value_losses.push(step_value_loss);
+        }
+        Ok((policy_grads, critic_grads))
+    }
+
+    /// The thread ranks' parts of a mini-batch, in rank order (ranks with rows only): every
+    /// rank past the first computes on its own fork of this step's weights (on its device, or on
+    /// the first rank's), so that ranks share no autodiff graph.
+    fn thread_parts(
+        &self,
+        shards: &[&[usize]],
+        rows: &[Row],
+        global: GlobalBatchInfo,
+    ) -> Vec<Result<(RankGradients, StepDiagnostics)>> {
         let replicas: Vec<Option<(Transformer, Option<ValueModel>)>> = shards
             .iter()
             .enumerate()
@@ -193,28 +240,67 @@ impl Learn<'_> {
                 })
             })
             .collect();
-        let parts = match &self.learner.rank_pools {
+        match &self.learner.rank_pools {
             Some(pools) => pools.run(jobs),
             None => jobs.into_iter().map(|(_, job)| job()).collect(),
+        }
+    }
+
+    /// The process ranks' parts of a mini-batch, in rank order (ranks with rows only): this
+    /// rank computes its shard's on its own copy of the policy, and every rank's crosses the
+    /// group ([`crate::distributed::group`]), so that each rank sums the same gradients in the
+    /// same order.
+    fn process_parts(
+        &self,
+        group: &dyn ProcessGroup,
+        shards: &[&[usize]],
+        rows: &[Row],
+        global: GlobalBatchInfo,
+    ) -> Result<Vec<Result<(RankGradients, StepDiagnostics)>>> {
+        let (policy, critic) = (self.models.policy(), self.models.critic.as_ref());
+        let device = &self.learner.device;
+        let shard = shards.get(group.rank()).copied().unwrap_or_default();
+        let job = || {
+            let mut diag = StepDiagnostics::default();
+            self.rank_gradients((policy, critic, device), shard, rows, global, &mut diag)
+                .map(|g| (g, diag))
         };
-        for part in parts {
-            let (part, rank_diag) = part?;
-            diag.merge(rank_diag);
-            for (s, p) in acc.sums.iter_mut().zip(part.sums) {
-                *s += p;
-            }
-            acc.count += part.micro_batches;
-            acc.routing.add(part.routing);
-            step_value_loss += part.value_losses.iter().sum::<f64>();
-            policy_grads.push(part.policy);
-            critic_grads.extend(part.critic);
+        // In the rank's own pool, as a thread rank computes its share.
+        let computed = match (&self.learner.rank_pools, shard.is_empty()) {
+            (_, true) => None,
+            (Some(pools), false) => pools.run(vec![(0, job)]).pop(),
+            (None, false) => Some(job()),
+        };
+        let mine = computed.transpose()?.map(|(g, diag)| RankPart {
+            policy: grads_to_host(policy, g.policy),
+            critic: critic.zip(g.critic).map(|(c, g)| grads_to_host(c, g)),
+            sums: g.sums,
+            micro_batches: g.micro_batches,
+            value_losses: g.value_losses,
+            routing: g.routing,
+            diag,
+        });
+        let all = group.all_gather(encode(&mine)?)?;
+        let mut parts = Vec::with_capacity(all.len());
+        for (from, bytes) in all.iter().enumerate() {
+            let Some(p) = decode::<Option<RankPart>>(bytes, from)? else {
+                continue;
+            };
+            let critic_grads = match (critic, p.critic) {
+                (Some(c), Some(g)) => Some(grads_from_host(c, g, device, from)?),
+                _ => None,
+            };
+            let g = RankGradients {
+                policy: grads_from_host(policy, p.policy, device, from)?,
+                critic: critic_grads,
+                sums: p.sums,
+                routing: p.routing,
+                micro_batches: p.micro_batches,
+                value_losses: p.value_losses,
+            };
+            parts.push(Ok((g, p.diag)));
         }
-        if self.models.critic.is_some() {
-            // Each micro-batch's value loss is its share of the mini-batch's (global
-            // normalisation): their sum is the step's, whatever the micro-batching.
-            acc.value_losses.push(step_value_loss);
-        }
-        Ok((policy_grads, critic_grads))
+        Ok(parts)
     }
 
     /// One learner rank's share of a mini-batch: the gradients of `shard`'s rows (micro-batch
@@ -291,10 +377,10 @@ impl Learn<'_> {
                 .iter()
                 .all(|r| r.is_w.is_some())
                 .then(|| per_token(&|r| r.is_w.as_deref().unwrap_or(&[]))),
-            ref_lp: self
-                .models
-                .reference
-                .is_some()
+            // Rows carry the reference's log-probs when the run has a reference.
+            ref_lp: refs
+                .iter()
+                .all(|r| r.ref_lp.is_some())
                 .then(|| per_token(&|r| r.ref_lp.as_deref().unwrap_or(&[]))),
             mu_h,
             mu,

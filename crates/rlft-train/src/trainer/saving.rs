@@ -114,12 +114,18 @@ pub(crate) fn save_checkpoint(t: &mut Trainer) -> Result<PathBuf> {
         .flat_map(|s| s.iter().map(|(v, _)| *v))
         .collect();
     let policy = t.models.policy().clone();
-    let optim = match (&t.learner.sft_optim, t.state.sft_done) {
-        (Some(o), false) => o,
+    // With the optimizer state sharded across process ranks, the whole of it, gathered.
+    let whole = crate::follower::whole_states(&t.recipe, &t.learner)?;
+    let optim = match (&t.learner.sft_optim, t.state.sft_done, &whole) {
+        (Some(o), false, _) => o,
+        (_, _, Some((o, _))) => o,
         _ => &t.learner.optim,
     };
     let critic = t.models.critic.clone();
-    let critic_optim = &t.learner.critic_optim;
+    let critic_optim = match &whole {
+        Some((_, c)) => c,
+        None => &t.learner.critic_optim,
+    };
     let snapshots: Vec<(u64, rlft_model::Transformer)> = t
         .feed
         .snapshots()
