@@ -296,10 +296,11 @@ mod tests {
         assert_eq!(few, vec![&[0][..], &[1], &[]]);
     }
 
+    /// A module of two parameters (also the fixture of `group`'s tests).
     #[derive(Module, Debug)]
-    struct Two {
-        a: Param<Tensor<2>>,
-        b: Param<Tensor<1>>,
+    pub(crate) struct Two {
+        pub(crate) a: Param<Tensor<2>>,
+        pub(crate) b: Param<Tensor<1>>,
     }
 
     /// Ranks on their own threads and forks give the sum of the same ranks run in turn, bit for

@@ -8,9 +8,7 @@
 //! rank's gradients in rank order: `crate::step::learn`), and writes nothing.
 
 use crate::algorithm::resolve_algorithm;
-use crate::distributed::group::{
-    Blobs, Command, ProcessGroup, Update, check_weights, decode, encode,
-};
+use crate::distributed::group::{Blobs, Command, ProcessGroup, Update, decode, encode};
 use crate::distributed::shard::{keep_owned, merge_states};
 use crate::learner::{Learner, Placement};
 use crate::models::Models;
@@ -24,7 +22,6 @@ use burn::optim::ModuleOptimizer;
 use burn::store::ModuleRecord;
 use burn::tensor::Bytes;
 use rlft_algo::loss::LossRegistry;
-use rlft_model::ValueModel;
 use std::sync::Arc;
 
 /// A module's weights as burnpack bytes (parameter ids included).
@@ -149,19 +146,18 @@ pub(crate) fn whole_states(
         .into_iter()
         .map(|s| (s.policy, s.critic.map(serde_bytes::ByteBuf::into_vec)))
         .unzip();
-    let policy = load_optim(
-        adamw(&recipe.optimizer),
-        merge_states(policy)?.to_vec(),
-        "optimizer shards",
-    )?;
+    let whole = |shares: Vec<Vec<u8>>, what: &str| {
+        load_optim(
+            adamw(&recipe.optimizer),
+            merge_states(shares)?.to_vec(),
+            what,
+        )
+    };
+    let policy = whole(policy, "optimizer shards")?;
     let critic: Vec<Vec<u8>> = critic.into_iter().flatten().collect();
     let critic = match critic.is_empty() {
         true => None,
-        false => Some(load_optim(
-            adamw(&recipe.optimizer),
-            merge_states(critic)?.to_vec(),
-            "critic optimizer shards",
-        )?),
+        false => Some(whole(critic, "critic optimizer shards")?),
     };
     Ok(Some((policy, critic)))
 }
@@ -210,20 +206,6 @@ fn totals(group: &dyn ProcessGroup, learner: &Learner) -> Result<RankTotals> {
     Ok(t)
 }
 
-/// Compares the ranks' weights after RL step `step` when `distributed.check_every` says so.
-pub(crate) fn check_due(
-    group: &dyn ProcessGroup,
-    recipe: &Recipe,
-    models: &Models,
-    step: usize,
-) -> Result<()> {
-    let every = recipe.distributed.check_every;
-    if every > 0 && step.is_multiple_of(every) {
-        check_weights(group, models.policy(), step)?;
-    }
-    Ok(())
-}
-
 /// A learner rank past the first: its copy of the policy (and critic), its optimiser, and the
 /// group it takes rank 0's commands from.
 pub struct Follower {
@@ -246,24 +228,16 @@ impl Follower {
     ) -> Result<Self> {
         recipe.check_values()?;
         let algo = resolve_algorithm(&recipe, registry)?;
-        let place = Placement::new(&recipe, Some(group.as_ref()))?;
+        let place = Placement::new(&recipe, Some(group.clone()))?;
         let device = place.plain.clone().autodiff();
         device.seed(recipe.seed);
-        let (policy, tokenizer, config) = Models::load_policy(&recipe, &device)?;
-        let critic = recipe
-            .model
-            .critic
-            .then(|| ValueModel::from_trunk(policy.clone(), &device));
-        let models = Models {
-            policy: Some(policy),
-            critic,
-            reference: None,
-            config,
-        };
+        // This rank's device must have the passes' compute type, as rank 0's must.
+        let spec = recipe.distributed.run_device(recipe.device);
+        recipe.model.dtype.check(&place.plain, "device", spec)?;
+        let (models, tokenizer) = Models::trained(&recipe, &device)?;
         let pad_id = i64::from(tokenizer.pad_id.unwrap_or(0));
         let vocab = models.config.vocab_size;
-        let mut learner = Learner::new(&recipe, algo, place, pad_id, vocab);
-        learner.group = Some(group.clone());
+        let learner = Learner::new(&recipe, algo, place, pad_id, vocab);
         Ok(Self {
             recipe,
             models,
@@ -337,6 +311,6 @@ impl Follower {
             Some(pool) => pool.install(|| learn.update(&u.rows, u.lr, &mut diag))?,
             None => learn.update(&u.rows, u.lr, &mut diag)?,
         };
-        check_due(self.group.as_ref(), &self.recipe, &self.models, u.step + 1)
+        Ok(())
     }
 }

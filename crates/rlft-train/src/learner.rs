@@ -51,84 +51,79 @@ pub(crate) struct Learner {
 }
 
 /// Where a learner computes: the first rank's plain device, the other thread ranks' (autodiff)
-/// devices, and the compute pools.
+/// devices, the compute pools, and the process ranks it is one of.
 pub(crate) struct Placement {
     pub(crate) plain: Device,
     pub(crate) ranks: Vec<Device>,
     pub(crate) pool: Option<Arc<rayon::ThreadPool>>,
     pub(crate) rank_pools: Option<RankPools>,
+    pub(crate) group: Option<Arc<dyn ProcessGroup>>,
 }
 
 impl Placement {
     /// Where `recipe`'s learner computes. Thread ranks: the first of `[distributed] devices`
-    /// (else `device`), the others', the learner's pool (`async.learner_threads`) and each
-    /// rank's (`distributed.threads_per_rank`, else the shared threads split evenly). A process
-    /// rank of `group`: its local rank's entry of `devices` (else `device`) and a pool of
-    /// `threads_per_rank` threads (else `async.learner_threads`, else the machine's divided among
-    /// the ranks on it).
+    /// (else `device`) and the others'. A process rank of `group`: its local rank's entry of
+    /// `devices` (else `device`). Either way the learner's pool (`async.learner_threads`), and
+    /// each rank's own pool of `distributed.threads_per_rank` threads (else the learner's
+    /// threads, `async.learner_threads` or the machine's, divided among the ranks on the
+    /// machine, at least one each).
     ///
     /// # Errors
     /// A device that is not there; more process ranks on a machine than `devices` lists.
-    pub(crate) fn new(recipe: &Recipe, group: Option<&dyn ProcessGroup>) -> Result<Self> {
+    pub(crate) fn new(recipe: &Recipe, group: Option<Arc<dyn ProcessGroup>>) -> Result<Self> {
         let d = &recipe.distributed;
-        let pool = |n: usize| {
-            crate::compute_pool(n.max(1), |k| format!("rlft-learner-{k}"))
-                .map(Arc::new)
-                .map_err(|e| TrainError::Usage(format!("learner compute threads: {e}")))
+        let learner_threads = recipe.asynchrony.learner_threads;
+        let pool = learner_threads
+            .map(|n| crate::compute_pool(n, |k| format!("rlft-learner-{k}")).map(Arc::new))
+            .transpose()
+            .map_err(|e| TrainError::Usage(format!("learner compute threads: {e}")))?;
+        // Each rank's pool: its share of the learner's threads on the machine.
+        let rank_pools = |ranks: usize, on_machine: usize| {
+            let shared = learner_threads.unwrap_or_else(rayon::current_num_threads);
+            let threads = d.threads_per_rank.unwrap_or((shared / on_machine).max(1));
+            RankPools::new(ranks, threads)
+                .map_err(|e| TrainError::Usage(format!("learner rank threads: {e}")))
         };
-        if let Some(group) = group {
-            let (local, on_machine) = group.local();
-            let spec = match d.devices.get(local) {
-                Some(spec) => *spec,
-                None if d.devices.is_empty() => recipe.device,
-                None => {
-                    return Err(TrainError::Usage(format!(
-                        "distributed.devices lists {} devices but this machine runs {on_machine}                          ranks (this is local rank {local}): list one device per rank on a                          machine, or start fewer ranks per machine",
-                        d.devices.len()
-                    )));
-                }
+        let Some(group) = group else {
+            let rank_pools = match d.ranks() {
+                1 => None,
+                n => Some(rank_pools(n, n)?),
             };
-            // As for thread ranks: the learner's threads shared among the ranks on the machine,
-            // the rank's share of each update computed in a pool of its own.
-            let shared = recipe
-                .asynchrony
-                .learner_threads
-                .unwrap_or_else(rayon::current_num_threads);
-            let threads = d.threads_per_rank.unwrap_or(shared / on_machine.max(1));
-            let rank_pool = RankPools::new(1, threads.max(1))
-                .map_err(|e| TrainError::Usage(format!("learner rank threads: {e}")))?;
+            let ranks = d
+                .devices
+                .iter()
+                .skip(1)
+                .map(|d| d.device().map(|d| d.autodiff()))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
             return Ok(Self {
-                plain: spec.device()?,
-                ranks: Vec::new(),
-                pool: recipe.asynchrony.learner_threads.map(pool).transpose()?,
-                rank_pools: Some(rank_pool),
+                plain: d.run_device(recipe.device).device()?,
+                ranks,
+                pool,
+                rank_pools,
+                group: None,
             });
-        }
-        let learner_pool = recipe.asynchrony.learner_threads.map(pool).transpose()?;
-        let rank_pools = match d.ranks() {
-            1 => None,
-            n => {
-                let shared = recipe
-                    .asynchrony
-                    .learner_threads
-                    .unwrap_or_else(rayon::current_num_threads);
-                let threads = d.threads_per_rank.unwrap_or((shared / n).max(1));
-                let pools = RankPools::new(n, threads)
-                    .map_err(|e| TrainError::Usage(format!("learner rank threads: {e}")))?;
-                Some(pools)
+        };
+        let (local, on_machine) = group.local();
+        let spec = match d.devices.get(local) {
+            Some(spec) => *spec,
+            None if d.devices.is_empty() => recipe.device,
+            None => {
+                return Err(TrainError::Usage(format!(
+                    "distributed.devices lists {} devices but this machine runs {on_machine} \
+                     ranks (this is local rank {local}): list one device per rank on a \
+                     machine, or start fewer ranks per machine",
+                    d.devices.len()
+                )));
             }
         };
-        let ranks = d
-            .devices
-            .iter()
-            .skip(1)
-            .map(|d| d.device().map(|d| d.autodiff()))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        // The rank's share of each update is computed in a pool of its own, as a thread
+        // rank's is.
         Ok(Self {
-            plain: d.run_device(recipe.device).device()?,
-            ranks,
-            pool: learner_pool,
-            rank_pools,
+            plain: spec.device()?,
+            ranks: Vec::new(),
+            pool,
+            rank_pools: Some(rank_pools(1, on_machine.max(1))?),
+            group: Some(group),
         })
     }
 }
@@ -150,6 +145,7 @@ impl Learner {
             ranks: place.ranks,
             pool: place.pool,
             rank_pools: place.rank_pools,
+            group: place.group,
             algo,
             loss_seed: recipe.seed,
             optim: adamw(&recipe.optimizer),
@@ -163,7 +159,6 @@ impl Learner {
                 moe_aux_coef: a.moe_aux_coef,
             },
             logits_chunk: logits_chunk(a.logits_chunk_tokens, vocab),
-            group: None,
             ranks_started: false,
             shard_optimizer: recipe.distributed.shard_optimizer,
         }

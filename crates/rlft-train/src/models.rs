@@ -127,8 +127,8 @@ impl Models {
         if let Some(spec) = recipe.rollout.device {
             dtype.check(&spec.device()?, "rollout.device", spec)?;
         }
-        let (policy, tokenizer, config) = Self::load_policy(recipe, device)?;
-        let reference = if recipe.algorithm.kl_coef > 0.0 {
+        let (mut models, tokenizer) = Self::trained(recipe, device)?;
+        if recipe.algorithm.kl_coef > 0.0 {
             let device = match recipe.model.reference_device {
                 Some(d) => d.device()?,
                 None => plain.clone(),
@@ -137,13 +137,25 @@ impl Models {
                 dtype.check(&device, "model.reference_device", spec)?;
             }
             // Frozen: stored in the compute type.
-            Some(Reference {
-                model: policy.reference_copy(&device).cast_to_compute_dtype(),
+            models.reference = Some(Reference {
+                model: models
+                    .policy()
+                    .reference_copy(&device)
+                    .cast_to_compute_dtype(),
                 device,
-            })
-        } else {
-            None
-        };
+            });
+        }
+        Ok((models, tokenizer))
+    }
+
+    /// The models a learner rank trains, on the autodiff `device`: the policy
+    /// ([`Models::load_policy`]) and the critic, without the reference. What a process rank
+    /// past the first holds ([`crate::follower::Follower`]).
+    ///
+    /// # Errors
+    /// A model file that does not load.
+    pub(crate) fn trained(recipe: &Recipe, device: &Device) -> Result<(Self, Tokenizer)> {
+        let (policy, tokenizer, config) = Self::load_policy(recipe, device)?;
         let critic = recipe
             .model
             .critic
@@ -151,7 +163,7 @@ impl Models {
         let models = Models {
             policy: Some(policy),
             critic,
-            reference,
+            reference: None,
             config,
         };
         Ok((models, tokenizer))

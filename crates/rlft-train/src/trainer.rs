@@ -170,7 +170,7 @@ impl Trainer {
             recipe.check_resume(&Recipe::from_stored(&r.stored_recipe()?)?)?;
             recipe.output_dir = r.run_dir();
         }
-        let place = Placement::new(&recipe, ext.group.as_deref())?;
+        let place = Placement::new(&recipe, ext.group.clone())?;
         let device = place.plain.clone().autodiff();
         device.seed(recipe.seed);
         if resume.is_none() {
@@ -210,8 +210,7 @@ impl Trainer {
         side.correctness = correctness;
         side.fleet = Fleet::new(&recipe, &tokenizer, &models.config)?.map(Arc::new);
         let pad_id = i64::from(tokenizer.pad_id.unwrap_or(0));
-        let mut learner = Learner::new(&recipe, algo, place, pad_id, models.config.vocab_size);
-        learner.group = ext.group.clone();
+        let learner = Learner::new(&recipe, algo, place, pad_id, models.config.vocab_size);
         let trainer = Self {
             side,
             feed: Feed::Switching,
@@ -441,11 +440,9 @@ impl Trainer {
     }
 
     /// The learn stage over `rows` at learning rate `lr`; with process ranks, they run it too
-    /// (rank 0 sends them the rows first) and compare their weights every
-    /// `distributed.check_every` steps.
+    /// (rank 0 sends them the rows first).
     fn learn(&mut self, rows: &[Row], lr: f64, diag: &mut StepDiagnostics) -> Result<UpdateStats> {
-        let group = self.learner.group.clone();
-        if let Some(group) = &group {
+        if let Some(group) = self.learner.group.clone() {
             follower::start_ranks(&self.recipe, &self.models, &mut self.learner)?;
             let update = Update {
                 step: self.state.step,
@@ -456,18 +453,13 @@ impl Trainer {
             };
             follower::lead_update(group.as_ref(), update)?;
         }
-        let stats = Learn {
+        Learn {
             recipe: &self.recipe,
             models: &mut self.models,
             learner: &mut self.learner,
             step: self.state.step,
         }
-        .update(rows, lr, diag)?;
-        if let Some(group) = &group {
-            let step = self.state.step + 1;
-            follower::check_due(group.as_ref(), &self.recipe, &self.models, step)?;
-        }
-        Ok(stats)
+        .update(rows, lr, diag)
     }
 
     /// β of step `step` into the loss (where the recipe places KL there) and Clip-Cov's draws

@@ -330,12 +330,7 @@ impl LocalGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Module, Debug)]
-    struct Two {
-        a: Param<Tensor<2>>,
-        b: Param<Tensor<1>>,
-    }
+    use crate::distributed::tests::Two;
 
     fn two(device: &Device) -> Two {
         Two {

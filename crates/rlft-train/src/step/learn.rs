@@ -8,7 +8,7 @@ use crate::batch::{Row, aligned, per_token, t2};
 use crate::chunked::{LossOut, chunked_backward};
 use crate::correction::{CorrectionMode, Opsm};
 use crate::distributed::group::{
-    ProcessGroup, RankPart, decode, encode, grads_from_host, grads_to_host,
+    ProcessGroup, RankPart, check_weights, decode, encode, grads_from_host, grads_to_host,
 };
 use crate::distributed::shard::sharded_step;
 use crate::distributed::sum_gradients;
@@ -42,7 +42,8 @@ pub(crate) struct Learn<'a> {
 
 impl Learn<'_> {
     /// `ppo_epochs` × `mini_batches` optimiser steps; returns their statistics (clip fractions,
-    /// KL, entropy, gradient norm, value loss, whether the step was skipped).
+    /// KL, entropy, gradient norm, value loss, whether the step was skipped). With process
+    /// ranks, they compare their weights after it every `distributed.check_every` RL steps.
     pub(crate) fn update(
         &mut self,
         rows: &[Row],
@@ -75,6 +76,12 @@ impl Learn<'_> {
         if bad && let Some(before) = before {
             // Weights and optimiser state untouched.
             before.restore(self);
+        }
+        if let Some(group) = &self.learner.group {
+            let (every, step) = (self.recipe.distributed.check_every, self.step + 1);
+            if every > 0 && step.is_multiple_of(every) {
+                check_weights(group.as_ref(), self.models.policy(), step)?;
+            }
         }
         Ok(acc.stats(bad))
     }
