@@ -361,9 +361,8 @@ fn process_ranks_take_the_steps_of_thread_ranks() {
     }
 }
 
-/// PPO with a critic on process ranks: after two steps the weights are within 1e-3 of the
-/// thread ranks' and the value loss within 5 %; with a critic the update is not bit for bit the
-/// thread ranks' (docs/backends.md).
+/// PPO with a critic (GAE, value loss) on process ranks: the weights and metrics of thread
+/// ranks bit for bit, with and without the optimizer state sharded.
 #[test]
 fn process_ranks_train_a_critic() {
     let _serial = serial();
@@ -373,17 +372,10 @@ fn process_ranks_train_a_critic() {
         "algorithm.advantage=\"gae\"",
     ];
     let threads = ranks_run(&critic, 2, None);
-    let procs = ranks_run(&critic, 2, Some(true));
-    let diff = max_diff(&threads.0, &procs.0);
-    assert!(diff < 1e-3, "policy off by {diff}");
-    let loss = |r: &(Vec<f32>, Vec<StepMetrics>)| {
-        r.1.last()
-            .and_then(|m| m.get("value_loss")?.as_f64())
-            .expect("value_loss")
-    };
-    let (a, b) = (loss(&threads), loss(&procs));
-    assert!(
-        (a - b).abs() < 0.05 * a.abs().max(1e-3),
-        "value loss {a} vs {b}"
-    );
+    assert!(threads.1.iter().any(|m| m.contains_key("value_loss")));
+    for shard in [false, true] {
+        let procs = ranks_run(&critic, 2, Some(shard));
+        assert!(threads.0 == procs.0, "shard {shard}: other weights");
+        assert_eq!(threads.1, procs.1, "shard {shard}");
+    }
 }

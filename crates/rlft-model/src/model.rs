@@ -584,8 +584,13 @@ impl ValueModel {
                 std: 1.0 / ((d + 1) as f64).sqrt(),
             })
             .init(device);
+        // Zeros keep the bias trainable (a new tensor is not, on an autodiff device).
+        let zeros = |t: burn::tensor::Tensor<1>| match t.is_require_grad() {
+            true => t.zeros_like().require_grad(),
+            false => t.zeros_like(),
+        };
         let value_head = Linear {
-            bias: value_head.bias.map(|b| b.map(|t| t.zeros_like())),
+            bias: value_head.bias.map(|b| b.map(zeros)),
             ..value_head
         };
         Self { trunk, value_head }

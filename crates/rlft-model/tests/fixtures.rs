@@ -113,6 +113,18 @@ fn reference_copy_and_value_model() {
         .grad(&grads)
         .expect("value head gradient");
     assert!(g.abs().sum().into_scalar::<f32>() > 0.0);
+    // The zero-initialised bias trains too.
+    let bias = critic.value_head.bias.as_ref().expect("a value bias");
+    assert_eq!(
+        bias.val().into_data().try_to_vec::<f32>().unwrap(),
+        vec![0.0]
+    );
+    let g = bias.val().grad(&grads).expect("value bias gradient");
+    assert_eq!(
+        g.into_scalar::<f32>(),
+        4.0,
+        "d Σ values / d bias = positions"
+    );
 }
 
 /// Load → export → load gives identical logits, for every fixture, and the exported folder has
