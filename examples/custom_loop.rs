@@ -79,15 +79,14 @@ fn run(args: Args) -> Result<Vec<f32>> {
         let refs = rows.refs();
         let ids = Packing::new(tokenizer.padding_id().into()).pack(&refs, &device);
         // One on-policy update: the ratio is πθ/μ, with μ (`old_lp`) from the sampler.
-        let (grads, loss) =
-            chunked_backward(&ids, &policy, Some(1.0), usize::MAX, false, |lp, ent| {
-                let field = |f: fn(&Row) -> &[f32]| per_token(&ids, &refs, f);
-                let (old, adv) = (field(|r| &r.old_lp), field(|r| &r.adv));
-                let input =
-                    PolicyLossInput::new(lp, old, adv, field(|r| &r.mask)).with_entropy(ent);
-                let out = registry.compute("grpo", &input, &loss_cfg)?;
-                Ok::<_, anyhow::Error>(LossOut::new(out.loss.clone(), out.loss.into_scalar()))
-            })?;
+        let (grads, loss) = chunked_backward(&ids, &policy, Some(1.0), usize::MAX, false, |s| {
+            let field = |f: fn(&Row) -> &[f32]| per_token(&ids, &refs, f);
+            let (old, adv) = (field(|r| &r.old_lp), field(|r| &r.adv));
+            let input =
+                PolicyLossInput::new(s.lp, old, adv, field(|r| &r.mask)).with_entropy(s.ent);
+            let out = registry.compute("grpo", &input, &loss_cfg)?;
+            Ok::<_, anyhow::Error>(LossOut::new(out.loss.clone(), out.loss.into_scalar()))
+        })?;
         // On-policy the surrogate's value is −mean(A) ≈ 0 (advantages are centred per group);
         // its gradient is not.
         policy = optim.step(1e-3, policy, grads);

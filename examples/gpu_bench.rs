@@ -184,16 +184,15 @@ fn main() -> Result<()> {
         rows.set_advantages(advantages, false);
         let refs = rows.refs();
         let ids = Packing::new(0).pack(&refs, &device);
-        let (grads, loss) =
-            chunked_backward(&ids, &policy, Some(1.0), usize::MAX, false, |lp, ent| {
-                let field = |f: fn(&Row) -> &[f32]| per_token(&ids, &refs, f);
-                let (old, adv) = (field(|r| &r.old_lp), field(|r| &r.adv));
-                let input =
-                    PolicyLossInput::new(lp, old, adv, field(|r| &r.mask)).with_entropy(ent);
-                let out = registry.compute("grpo", &input, &loss_cfg)?;
-                let value: f32 = out.loss.clone().into_scalar();
-                Ok::<_, anyhow::Error>(LossOut::new(out.loss, value))
-            })?;
+        let (grads, loss) = chunked_backward(&ids, &policy, Some(1.0), usize::MAX, false, |s| {
+            let field = |f: fn(&Row) -> &[f32]| per_token(&ids, &refs, f);
+            let (old, adv) = (field(|r| &r.old_lp), field(|r| &r.adv));
+            let input =
+                PolicyLossInput::new(s.lp, old, adv, field(|r| &r.mask)).with_entropy(s.ent);
+            let out = registry.compute("grpo", &input, &loss_cfg)?;
+            let value: f32 = out.loss.clone().into_scalar();
+            Ok::<_, anyhow::Error>(LossOut::new(out.loss, value))
+        })?;
         policy = optim.step(1e-6, policy, grads);
         anyhow::ensure!(loss.is_finite(), "step {step}: loss {loss}");
         // The step's weights reach the device before the clock stops.

@@ -85,7 +85,8 @@ fn main() -> Result<()> {
         Some(1.0),
         chunk,
         false,
-        |lp, ent| -> rlft::algo::Result<LossOut<()>> {
+        |s| -> rlft::algo::Result<LossOut<()>> {
+            let (lp, ent) = (s.lp, s.ent);
             let old = lp.clone().detach();
             let input =
                 PolicyLossInput::new(lp, old, t2(adv), t2(vec![1.0; n * r])).with_entropy(ent);

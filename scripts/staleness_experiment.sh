@@ -14,7 +14,7 @@ recipe=${1:-recipes/quickstart.toml}
 read -r -a lags <<< "${2:-0 2 4 8}"
 read -r -a seeds <<< "${3:-0 1 2}"
 all_arms="none recompute decoupled-tis decoupled-icepop ctpo-mu decoupled-m2po opsm-trl vespo \
-decoupled-tis-loglinear none-topp replay-topp"
+decoupled-tis-loglinear none-topp replay-topp replay-topp-penalty"
 read -r -a arms <<< "${4:-$all_arms}"
 bin=${CARGO_TARGET_DIR:-target}/release/examples/train
 [[ -x $bin ]] || cargo build --release --example train
@@ -47,6 +47,8 @@ declare -A arm=(
   [none-topp]='--set algorithm.correction.mode="bypass" --set rollout.top_p=0.8'
   # the same sampler with sampling-mask replay: the learner's log-probs over the kept sets
   [replay-topp]='--set algorithm.correction.mode="bypass" --set rollout.top_p=0.8 --set algorithm.sampling_mask="replay"'
+  # replay-topp with a penalty on the policy's mass outside the replayed kept sets
+  [replay-topp-penalty]='--set algorithm.correction.mode="bypass" --set rollout.top_p=0.8 --set algorithm.sampling_mask="replay" --set algorithm.outside_mass_coef=1.0'
 )
 jobs=()
 # Seed by seed, so an interrupted sweep has whole seeds.

@@ -23,6 +23,7 @@ from collections import defaultdict
 # whole (used when the recipe is not named and not in recipes/).
 ARMS = [
     "decoupled-tis-loglinear",
+    "replay-topp-penalty",
     "decoupled-icepop",
     "decoupled-m2po",
     "decoupled-tis",
@@ -46,6 +47,7 @@ ORDER = [
     "decoupled-tis-loglinear",
     "none-topp",
     "replay-topp",
+    "replay-topp-penalty",
 ]
 
 parser = argparse.ArgumentParser()

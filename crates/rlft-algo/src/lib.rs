@@ -46,7 +46,7 @@ pub use clip::{ClipRange, CtpoBounds};
 pub use entropy::{entropy_bonus, entropy_from_logits, entropy_over_kept};
 pub use error::{AlgoError, Result};
 pub use kl::{AdaptiveKlController, KlEstimator, kl_penalty};
-pub use logprob::{kept_log_softmax, logprobs_from_logits, logprobs_over_kept};
+pub use logprob::{kept_log_mass, kept_log_softmax, logprobs_from_logits, logprobs_over_kept};
 pub use loss::{
     LossRegistry, PolicyLoss, PolicyLossConfig, PolicyLossInput, PolicyLossMetrics,
     PolicyLossOutput, Preset,

@@ -59,6 +59,15 @@ pub fn kept_log_softmax(
     padding: Tensor<3, Bool>,
     temperature: Option<f64>,
 ) -> Result<Tensor<3>> {
+    check_kept(&logits, &kept, &padding)?;
+    let z = scale_by_temperature(logits, temperature)?
+        .gather(2, kept)
+        .mask_fill(padding, PADDED_LOGIT);
+    Ok(log_softmax(z, 2))
+}
+
+/// Kept sets of the shape `[batch, T, K]` of `logits`' first two dimensions.
+fn check_kept(logits: &Tensor<3>, kept: &Tensor<3, Int>, padding: &Tensor<3, Bool>) -> Result<()> {
     let [b, t, _] = logits.dims();
     let k = kept.dims()[2];
     for (name, got) in [("kept", kept.dims()), ("padding", padding.dims())] {
@@ -70,10 +79,34 @@ pub fn kept_log_softmax(
             });
         }
     }
-    let z = scale_by_temperature(logits, temperature)?
+    Ok(())
+}
+
+/// The log of the probability mass the whole-vocabulary softmax of the temperature-scaled
+/// logits puts inside each position's kept set, `log Σ_{j ∈ kept} softmax(z)_j ≤ 0`: 0 when the
+/// set holds all the mass, and `1 − exp` of it is the mass outside the set, which a loss over
+/// the kept sets ([`kept_log_softmax`]) neither sees nor moves. Differentiable with respect to
+/// `logits`: the gradient of logit `j` is `softmax_kept(z)_j·[j ∈ kept] − softmax(z)_j`, so
+/// raising it pulls mass from outside the set into it.
+///
+/// # Shapes
+/// - `logits`: `[batch, T, vocab]`
+/// - `kept`, `padding`: `[batch, T, K]` (as [`kept_log_softmax`])
+/// - output: `[batch, T]`
+pub fn kept_log_mass(
+    logits: Tensor<3>,
+    kept: Tensor<3, Int>,
+    padding: Tensor<3, Bool>,
+    temperature: Option<f64>,
+) -> Result<Tensor<2>> {
+    check_kept(&logits, &kept, &padding)?;
+    let lp = log_softmax(scale_by_temperature(logits, temperature)?, 2)
         .gather(2, kept)
         .mask_fill(padding, PADDED_LOGIT);
-    Ok(log_softmax(z, 2))
+    // log-sum-exp over the set, shifted by its largest term (a constant for the gradient).
+    let top = lp.clone().max_dim(2).detach();
+    let mass = (lp - top.clone()).exp().sum_dim(2).log() + top;
+    Ok(mass.clamp_max(0.0).squeeze_dim::<2>(2))
 }
 
 /// [`logprobs_from_logits`] under a sampling mask: the log-probability of each position's
@@ -182,5 +215,54 @@ mod tests {
         }
         let short = Tensor::<3, Bool>::from_data(TensorData::from([[[false, true]]]), &dev);
         assert!(logprobs_over_kept(logits, kept, short, None).is_err());
+    }
+
+    /// The mass inside each kept set against the softmax summed by hand, and its gradient
+    /// against central differences: it moves the logits outside the set too.
+    #[test]
+    fn kept_mass_is_the_softmax_summed_over_the_set() {
+        let dev = Device::flex().autodiff();
+        let z = [[1.0f32, 2.0, 3.0, -1.0], [0.5, 0.5, 4.0, 2.0]];
+        let kept =
+            || Tensor::<3, Int>::from_data(TensorData::from([[[1i64, 2, 1], [3, 0, 0]]]), &dev);
+        let padding = || {
+            Tensor::<3, Bool>::from_data(
+                TensorData::from([[[false, false, true], [false, false, true]]]),
+                &dev,
+            )
+        };
+        let sets: [&[usize]; 2] = [&[1, 2], &[3, 0]];
+        let by_hand = |z: &[[f32; 4]; 2], tau: f64| -> Vec<f64> {
+            z.iter()
+                .zip(sets)
+                .map(|(row, set)| {
+                    let e: Vec<f64> = row.iter().map(|&x| (f64::from(x) / tau).exp()).collect();
+                    (set.iter().map(|&j| e[j]).sum::<f64>() / e.iter().sum::<f64>()).ln()
+                })
+                .collect()
+        };
+        for temperature in [None, Some(0.7)] {
+            let tau = temperature.unwrap_or(1.0);
+            let logits = Tensor::<3>::from_floats([z], &dev).require_grad();
+            let mass = kept_log_mass(logits.clone(), kept(), padding(), temperature).unwrap();
+            let got = to_host(&mass).unwrap();
+            let want = by_hand(&z, tau);
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
+            }
+            let grads = mass.sum().backward();
+            let g = to_host(&logits.grad(&grads).unwrap()).unwrap();
+            for i in 0..2 {
+                for j in 0..4 {
+                    let h = 1e-3f32;
+                    let (mut up, mut down) = (z, z);
+                    up[i][j] += h;
+                    down[i][j] -= h;
+                    let d = (by_hand(&up, tau)[i] - by_hand(&down, tau)[i]) / f64::from(2.0 * h);
+                    let at = g[i * 4 + j];
+                    assert!((at - d).abs() < 1e-3, "d/dz[{i}][{j}] {at} vs {d}");
+                }
+            }
+        }
     }
 }

@@ -329,6 +329,11 @@ pub struct AlgorithmSection {
     /// top-p, and the learner takes every log-prob (π_θ, π_old, π_ref) and entropy over that
     /// set of its own logits, so μ and the learner's π are one distribution.
     pub sampling_mask: SamplingMask,
+    /// With `sampling_mask = "replay"`: the coefficient of a penalty on the probability mass
+    /// the policy puts outside each sampled token's kept set, `−log Σ_{kept} π_θ` aggregated
+    /// as the policy loss is (0: none). The loss over the kept sets does not move that mass;
+    /// against a stale sampler it is what greedy decoding finds (`rollout/mass_outside_kept`).
+    pub outside_mass_coef: f64,
     /// Mixtures of experts only: the learner's π_old and update passes route every token to
     /// the experts the sampler recorded for it, weighted by the current router (rollout routing
     /// replay, R3). `moe/routing_mismatch` and `moe/router_drift` are reported either way.
@@ -371,6 +376,7 @@ impl Default for AlgorithmSection {
             micro_batch_tokens: 0,
             logits_chunk_tokens: 0,
             sampling_mask: SamplingMask::Off,
+            outside_mass_coef: 0.0,
             router_replay: false,
             moe_aux_coef: 0.0,
             dynamic_sampling: false,

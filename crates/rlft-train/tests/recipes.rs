@@ -351,6 +351,17 @@ fn bad_recipes_fail_before_loading_a_model() {
     assert!(e.contains("rollout.sampling_mask_max_ids"), "{e}");
     let e = err(&["algorithm.sampling_mask=\"kept\""]);
     assert!(e.contains("sampling_mask") && e.contains("replay"), "{e}");
+    let e = err(&["algorithm.outside_mass_coef=0.5"]);
+    assert!(
+        e.contains("algorithm.outside_mass_coef") && e.contains("replay"),
+        "{e}"
+    );
+    let e = err(&[
+        "algorithm.sampling_mask=\"replay\"",
+        "rollout.top_p=0.9",
+        "algorithm.outside_mass_coef=-1",
+    ]);
+    assert!(e.contains("algorithm.outside_mass_coef"), "{e}");
     // The loss is looked up in the registry the run uses: a name the built-ins lack loads, and
     // the trainer (here `validate`, which it runs first) refuses it, listing the known names.
     let unknown = Recipe::load(&path, &["algorithm.loss=\"grpoo\"".into()]).unwrap();
@@ -797,11 +808,9 @@ fn filtered_sampling_records_exact_mu_and_its_kept_mass() {
         );
     }
     let plain = quickstart_metrics("unfiltered", &[]);
-    assert!(
-        plain
-            .iter()
-            .all(|r| !r.contains_key("rollout/filter_log_mass"))
-    );
+    assert!(plain.iter().all(|r| {
+        !r.contains_key("rollout/filter_log_mass") && !r.contains_key("rollout/mass_outside_kept")
+    }));
 }
 
 /// Sampling-mask replay at lag 0: the learner takes its log-probs over each token's kept set,
@@ -826,6 +835,9 @@ fn sampling_mask_replay_closes_the_gap_to_mu() {
             assert!(v.abs() <= 1e-6, "{key} = {v} at step {}", row["step"]);
         }
         assert_eq!(row["rollout/sampling_mask_overflow"].as_f64(), Some(0.0));
+        // The learner's mass outside the kept sets: top-p 0.8 leaves some out.
+        let outside = row["rollout/mass_outside_kept"].as_f64().expect("reported");
+        assert!(outside > 0.0 && outside < 1.0, "mass outside {outside}");
         assert!(
             row["rollout/filter_log_mass"]
                 .as_f64()
@@ -841,6 +853,61 @@ fn sampling_mask_replay_closes_the_gap_to_mu() {
         assert!(n > 0.0, "overflow {n}");
         assert!(row["grad_norm"].as_f64().is_some_and(f64::is_finite));
     }
+}
+
+/// Sampling-mask replay against a stale sampler: with the lag as long as the run, every step
+/// samples with the warmed-up policy, so the replayed kept sets stop matching the policy being
+/// trained. The loss over the kept sets neither sees nor moves the probability outside them: the
+/// mass the policy puts there grows (`rollout/mass_outside_kept`), and steps come whose gradient
+/// is exactly zero (every token either alone in its kept set or clipped). A penalty on that
+/// mass (`algorithm.outside_mass_coef`) keeps it down and the gradient alive.
+#[test]
+fn replay_against_a_stale_sampler_loses_mass_outside_the_kept_sets() {
+    let stale = |coef: &'static str| {
+        let sets = [
+            "schedule.steps=8",
+            "sft.steps=300",
+            "sft.batch_size=32",
+            "rollout.prompts_per_step=16",
+            "rollout.group_size=8",
+            "rollout.max_new_tokens=4",
+            "rollout.max_total_tokens=4",
+            "async.mode=\"lagged\"",
+            "async.lag=8",
+            "rollout.top_p=0.8",
+            "algorithm.correction.mode=\"bypass\"",
+            "algorithm.sampling_mask=\"replay\"",
+            coef,
+        ];
+        let m = quickstart_metrics(&format!("stale-replay-{}", &coef[coef.len() - 3..]), &sets);
+        let steps: Vec<(f64, f64)> = m
+            .iter()
+            .filter(|r| r["step"].as_u64() > Some(0))
+            .map(|r| {
+                let outside = r["rollout/mass_outside_kept"].as_f64().expect("reported");
+                (outside, r["grad_norm"].as_f64().expect("a gradient norm"))
+            })
+            .collect();
+        assert_eq!(steps.len(), 8);
+        steps
+    };
+    let plain = stale("algorithm.outside_mass_coef=0.0");
+    let held = stale("algorithm.outside_mass_coef=1.0");
+    let (first, last) = (plain[0].0, plain[7].0);
+    assert!(
+        last > 1.5 * first,
+        "mass outside the kept sets {first} -> {last}: {plain:?}"
+    );
+    assert!(
+        plain.iter().any(|&(_, g)| g == 0.0),
+        "no step without a gradient: {plain:?}"
+    );
+    assert!(held.iter().all(|&(_, g)| g > 0.0), "{held:?}");
+    assert!(
+        held[7].0 < 0.75 * last,
+        "the penalty leaves {} outside, against {last} without",
+        held[7].0
+    );
 }
 
 /// `kl_target` / `kl_horizon` adapt β each step from the measured KL, and the checkpoint keeps

@@ -97,6 +97,23 @@ impl LearnerBatch {
         }
     }
 
+    /// The log of the mass the whole-vocabulary softmax of logits `[1, len, vocab]` at
+    /// `temperature` puts inside the kept sets of response tokens `start..start + len`
+    /// (`[1, len]`, [`rlft_algo::kept_log_mass`]); `None` without a sampling mask.
+    ///
+    /// # Errors
+    /// As [`LearnerBatch::head_logprobs`].
+    pub fn head_kept_log_mass(
+        &self,
+        logits: Tensor<3>,
+        (start, len): (usize, usize),
+        temperature: Option<f64>,
+    ) -> rlft_algo::Result<Option<Tensor<2>>> {
+        self.kept_range(start, len)
+            .map(|(kept, padding)| rlft_algo::kept_log_mass(logits, kept, padding, temperature))
+            .transpose()
+    }
+
     /// [`LearnerBatch::head_logprobs`] and the entropies `[1, len]` of the same logits (under a
     /// sampling mask, of the renormalised distribution over each kept set; its softmax is
     /// taken once for both);
@@ -139,8 +156,8 @@ mod tests {
     }
 
     /// Replay at lag ≥ 1: the kept sets come from an older sampler, so they need not hold the
-    /// learner's likeliest tokens. Log-probs and entropies over them, whole and chunked, equal
-    /// an f64 reference computed from the learner's full logits.
+    /// learner's likeliest tokens. Log-probs and entropies over them, whole and chunked, and the
+    /// mass inside them equal an f64 reference computed from the learner's full logits.
     #[test]
     fn replayed_kept_sets_at_lag_one_score_against_a_brute_force_reference() {
         let device = Device::flex();
@@ -164,10 +181,12 @@ mod tests {
             vec![20, 21],
             vec![21],
         ];
-        let (mut want_lp, mut want_h) = (Vec::new(), Vec::new());
+        let (mut want_lp, mut want_h, mut want_mass) = (Vec::new(), Vec::new(), Vec::new());
         for (i, (set, &y)) in sets.iter().zip(&targets).enumerate() {
             let z = |v: usize| f64::from(full[i * vocab + v]) / tau;
             let lse = set.iter().map(|&v| z(v).exp()).sum::<f64>().ln();
+            let lse_all = (0..vocab).map(|v| z(v).exp()).sum::<f64>().ln();
+            want_mass.push(lse - lse_all);
             want_lp.push(z(y) - lse);
             want_h.push(
                 -set.iter()
@@ -191,6 +210,11 @@ mod tests {
                 .unwrap(),
         );
         close(&lp, &want_lp, "log-probs");
+        let mass = batch
+            .head_kept_log_mass(logits.clone(), (0, t), Some(tau))
+            .unwrap()
+            .expect("a sampling mask");
+        close(&host(mass), &want_mass, "mass inside the kept sets");
         let (lp, h) = batch.head_scores(logits, (0, t), Some(tau), true).unwrap();
         close(&host(lp), &want_lp, "log-probs with entropies");
         close(&host(h), &want_h, "entropies");

@@ -86,14 +86,18 @@ pub(crate) struct Update {
     pub(crate) rows: Vec<Row>,
 }
 
+/// An update's metrics summed over micro-batches: clip low, clip high, KL, entropy, and the
+/// mass outside the kept sets (replaying sampling masks).
+pub(crate) type MetricSums = [f64; 5];
+
 /// One rank's share of an optimiser step as it crosses the group: its gradients (per parameter
 /// in the module's visiting order, `None` where its rows gave none) and its metric sums.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct RankPart {
     pub(crate) policy: Vec<Option<TensorData>>,
     pub(crate) critic: Option<Vec<Option<TensorData>>>,
-    /// Clip low, clip high, KL, entropy, summed over the rank's micro-batches.
-    pub(crate) sums: [f64; 4],
+    /// The metric sums over the rank's micro-batches.
+    pub(crate) sums: MetricSums,
     pub(crate) micro_batches: f64,
     pub(crate) value_losses: Vec<f64>,
     pub(crate) routing: RoutingStats,

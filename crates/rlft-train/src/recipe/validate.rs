@@ -229,6 +229,7 @@ impl Recipe {
             ("algorithm.value_coef", a.value_coef),
             ("algorithm.overlong_factor", a.overlong_factor),
             ("algorithm.moe_aux_coef", a.moe_aux_coef),
+            ("algorithm.outside_mass_coef", a.outside_mass_coef),
             ("optimizer.weight_decay", self.optimizer.weight_decay),
             ("optimizer.grad_clip", self.optimizer.grad_clip),
             ("sft.grad_clip", self.sft.grad_clip),
@@ -257,6 +258,17 @@ impl Recipe {
                         .into(),
                 );
             }
+        }
+        if a.sampling_mask == crate::correction::SamplingMask::Off && a.outside_mass_coef > 0.0 {
+            return bad(
+                "algorithm.outside_mass_coef",
+                format!(
+                    "penalises the mass outside the replayed kept sets, and \
+                     algorithm.sampling_mask is \"off\"; remove it (got {}) or set \
+                     sampling_mask = \"replay\"",
+                    a.outside_mass_coef
+                ),
+            );
         }
         if a.sampling_mask == crate::correction::SamplingMask::Off
             && r.sampling_mask_max_ids != super::RolloutSection::default().sampling_mask_max_ids

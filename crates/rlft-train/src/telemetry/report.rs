@@ -213,6 +213,15 @@ pub struct UpdateStats {
     /// load-balancing loss (before the coefficient).
     #[serde(rename = "moe/aux_loss", skip_serializing_if = "Option::is_none")]
     pub moe_aux_loss: Option<f64>,
+    /// With `algorithm.sampling_mask = "replay"`: the mean probability mass the learner's
+    /// policy (its whole-vocabulary softmax, in the update passes) puts outside the kept sets
+    /// the sampled tokens were drawn from — the mass the loss over the kept sets neither sees
+    /// nor moves (`algorithm.outside_mass_coef` penalises it).
+    #[serde(
+        rename = "rollout/mass_outside_kept",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub mass_outside_kept: Option<f64>,
     /// A NaN/Inf loss or gradient left the weights untouched.
     #[serde(skip)]
     pub skipped: bool,
