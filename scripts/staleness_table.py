@@ -35,6 +35,16 @@ ARMS = [
     "vespo",
     "none",
 ]
+SOUND = {
+    "none",
+    "decoupled-tis",
+    "decoupled-icepop",
+    "ctpo-mu",
+    "decoupled-m2po",
+    "opsm-trl",
+    "vespo",
+    "decoupled-tis-loglinear",
+}
 ORDER = [
     "none",
     "recompute",
@@ -120,7 +130,9 @@ for recipe in sorted({k[0] for k in runs}):
                 f"| {' / '.join(firsts)} | {sci(mean(kl))} | {mean(step_s):.3f} |"
             )
     top = lags[-1]
-    at_top = {a: f for (lag, a), f in finals_at.items() if lag == top}
+    # Separation is judged on the sound arms: those that take mu into account and sample as
+    # `none` does (not `recompute`, which ignores mu, nor the top-p arms, which sample otherwise).
+    at_top = {a: f for (lag, a), f in finals_at.items() if lag == top and a in SOUND}
     if len(at_top) > 1:
         best = max(at_top, key=lambda a: mean(at_top[a]))
         worst = min(at_top, key=lambda a: mean(at_top[a]))
@@ -131,7 +143,32 @@ for recipe in sorted({k[0] for k in runs}):
         else:
             verdict = "separate" if gap >= 0.10 and gap > spread else "do not separate"
         print(
-            f"\nAt lag {top} the arms {verdict}: best `{best}` {mean(at_top[best]):.3f}, worst "
+            f"\nAt lag {top} the sound arms {verdict}: best `{best}` {mean(at_top[best]):.3f}, worst "
             f"`{worst}` {mean(at_top[worst]):.3f} (mean final accuracy), a gap of {gap:.3f} "
             f"against a seed spread of {spread:.3f}."
+        )
+    # What explains the ranking at the largest lag, per arm over every RL step of every seed.
+    print(
+        f"\nDiagnostics at lag {top} (means over the RL steps of every seed; IS columns only for "
+        "arms with IS weights):\n"
+    )
+    print("| arm | `clip_frac/low` | `clip_frac/high` | IS ESS | IS weights outside | steps with zero gradient |")
+    print("|---|---|---|---|---|---|")
+    for arm in ORDER:
+        seeds = runs.get((recipe, top, arm))
+        if not seeds:
+            continue
+        steps = [r for s in sorted(seeds) for r in seeds[s] if r.get("step", 0) > 0]
+        col = lambda k: mean([r[k] for r in steps if k in r])
+        ess = col("offpolicy/rollout_is_eff_sample_size")
+        out = [
+            r["offpolicy/rollout_is_ratio_fraction_high"] + r["offpolicy/rollout_is_ratio_fraction_low"]
+            for r in steps
+            if "offpolicy/rollout_is_ratio_fraction_high" in r
+        ]
+        zero = sum(1 for r in steps if r.get("grad_norm") == 0)
+        fmt = lambda x: "–" if x is None else f"{x:.3f}"
+        print(
+            f"| `{arm}` | {fmt(col('clip_frac/low'))} | {fmt(col('clip_frac/high'))} | {fmt(ess)} "
+            f"| {fmt(mean(out))} | {zero} of {len(steps)} |"
         )

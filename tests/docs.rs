@@ -180,15 +180,20 @@ fn the_link_parser_finds_links_and_skips_code() {
     assert_eq!(link_targets(t), ["docs/a.md", "x.md#part"]);
 }
 
-/// On `docs/stale-samples.md` the staleness experiment's table is the only one whose rows start
-/// with a number: `| lag | arm | a / b / c | steps to 0.9 | mean offpolicy/kl | step s |`, and
-/// every seed of every row has its metrics file in `docs/runs/staleness` (the table is
-/// `scripts/staleness_table.py --recipe quickstart` over them).
+/// On `docs/stale-samples.md` the staleness experiment's tables are the only ones whose rows
+/// start with a number: `| lag | arm | a / b / c | steps to 0.9 | mean offpolicy/kl | step s |`,
+/// and every seed of every row has its metrics file in `docs/runs/staleness` (each table is
+/// `scripts/staleness_table.py --recipe NAME` over them, the command shown above it).
 #[test]
 fn the_staleness_table_rows_have_their_runs() {
     let page = std::fs::read_to_string(root().join("docs/stale-samples.md")).unwrap();
     let mut rows = 0;
+    // Each table follows the command that prints it, which names its recipe.
+    let mut recipe = "quickstart";
     for line in page.lines() {
+        if let Some((_, rest)) = line.split_once("staleness_table.py --recipe ") {
+            recipe = rest.split_whitespace().next().unwrap_or(recipe);
+        }
         let cells: Vec<&str> = line
             .trim()
             .trim_matches('|')
@@ -204,7 +209,7 @@ fn the_staleness_table_rows_have_their_runs() {
         assert!(finals.iter().all(|a| (0.0..=1.0).contains(a)), "{line}");
         assert_eq!(cells[3].split(" / ").count(), finals.len(), "{line}");
         for seed in 0..finals.len() {
-            let f = format!("docs/runs/staleness/quickstart-{arm}-lag{lag}-seed{seed}.jsonl.gz");
+            let f = format!("docs/runs/staleness/{recipe}-{arm}-lag{lag}-seed{seed}.jsonl.gz");
             assert!(root().join(&f).is_file(), "{line}: no {f}");
         }
         rows += 1;

@@ -181,7 +181,8 @@ fn every_recipe_runs_two_steps() {
             "plugin-loss",
             "ppo-critic-tiny",
             "quickstart",
-            "quickstart-moe"
+            "quickstart-moe",
+            "staleness-testbed"
         ]
     );
 }

@@ -77,7 +77,7 @@ impl AsyncSection {
     /// The lag this section asks for (0 in sync mode).
     ///
     /// # Errors
-    /// `lag` outside lagged mode, lagged mode without `lag`, or a lag over 64.
+    /// `lag` outside lagged mode, lagged mode without `lag`, or a lag over [`MAX_LAG`].
     pub fn lag(&self) -> Result<usize, String> {
         match (self.mode, self.lag) {
             (AsyncMode::Sync | AsyncMode::Async, None) => Ok(0),
@@ -183,8 +183,10 @@ impl AsyncSection {
     }
 }
 
-/// The largest lag: the testbed keeps `lag + 1` policy copies.
-pub const MAX_LAG: usize = 64;
+/// The largest lag: the testbed keeps `lag + 1` policy copies (in memory and in every
+/// checkpoint), which bounds it for large models; small ones reach staleness of hundreds of
+/// versions.
+pub const MAX_LAG: usize = 256;
 
 #[cfg(test)]
 mod tests {
@@ -211,6 +213,8 @@ mod tests {
                 .unwrap_err()
                 .contains("async.lag")
         );
-        assert!(s(AsyncMode::Lagged, Some(65)).lag().is_err());
+        assert_eq!(s(AsyncMode::Lagged, Some(MAX_LAG)).lag(), Ok(MAX_LAG));
+        let e = s(AsyncMode::Lagged, Some(MAX_LAG + 1)).lag().unwrap_err();
+        assert!(e.contains(&MAX_LAG.to_string()), "{e}");
     }
 }
