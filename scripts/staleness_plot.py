@@ -10,10 +10,7 @@ quickstart with `[async] lag = 128`), so their runs are drawn on one axis: lags 
 
 Needs matplotlib (`pip install matplotlib`).
 """
-import gzip
-import json
 import pathlib
-import re
 import sys
 from collections import defaultdict
 
@@ -21,33 +18,22 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from staleness_runs import PATTERN, SOUND, read_rows  # noqa: E402
 
-SOUND = [
-    "none",
-    "decoupled-tis",
-    "decoupled-icepop",
-    "ctpo-mu",
-    "decoupled-m2po",
-    "opsm-trl",
-    "vespo",
-    "decoupled-tis-loglinear",
-]
 RECIPES = ["quickstart", "staleness-testbed"]
 folder = pathlib.Path("docs/runs/staleness")
 out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "docs/img/staleness-accuracy-vs-lag.png")
 
 finals = defaultdict(lambda: defaultdict(list))  # arm -> lag -> [final accuracy per seed]
-pattern = re.compile(r"(.+)-lag(\d+)-seed(\d+)\.jsonl\.gz")
 for f in sorted(folder.glob("*.jsonl.gz")):
-    m = pattern.fullmatch(f.name)
+    m = PATTERN.fullmatch(f.name)
     if not m:
         continue
     head, lag = m.group(1), int(m.group(2))
     for recipe in RECIPES:
         arm = head[len(recipe) + 1 :] if head.startswith(recipe + "-") else None
         if arm in SOUND:
-            rows = [json.loads(line) for line in gzip.open(f, "rt") if line.strip()]
-            evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+            evals = [r["eval/accuracy"] for r in read_rows(f) if "eval/accuracy" in r]
             finals[arm][lag].append(evals[-1])
 
 fig, ax = plt.subplots(figsize=(8, 4.8))

@@ -4,61 +4,20 @@
 One row per lag and arm, over the seeds found: the final held-out accuracy of each seed, the first
 evaluation step whose held-out accuracy is >= 0.9 (each seed; '-' when never), the mismatch KL
 between mu and the policy the arm compares it with (offpolicy/kl, k1), averaged over every RL step
-of every seed, and the mean seconds per RL step (time/step_s). After each table: whether the arms
-separate at the largest lag (best and worst arm's mean final accuracy differ by >= 0.10 and by
-more than the seed spread, the larger of the two arms' max - min over seeds).
+of every seed, and the mean seconds per RL step (time/step_s). After each table: whether the sound
+arms (staleness_runs.SOUND) separate at the largest lag (best and worst sound arm's mean final
+accuracy differ by >= 0.10 and by more than the seed spread, the larger of the two arms' max - min
+over seeds), then each arm's diagnostics at that lag.
 
     python3 scripts/staleness_table.py [FOLDER] [--recipe NAME]
         FOLDER: docs/runs/staleness by default; NAME: only that recipe's runs
 """
 import argparse
-import gzip
-import json
 import pathlib
-import re
 import sys
 from collections import defaultdict
 
-# The experiment script's arms, longest names first, so a name that extends another is matched
-# whole (used when the recipe is not named and not in recipes/).
-ARMS = [
-    "decoupled-tis-loglinear",
-    "replay-topp-penalty",
-    "decoupled-icepop",
-    "decoupled-m2po",
-    "decoupled-tis",
-    "replay-topp",
-    "none-topp",
-    "recompute",
-    "opsm-trl",
-    "ctpo-mu",
-    "vespo",
-    "none",
-]
-SOUND = {
-    "none",
-    "decoupled-tis",
-    "decoupled-icepop",
-    "ctpo-mu",
-    "decoupled-m2po",
-    "opsm-trl",
-    "vespo",
-    "decoupled-tis-loglinear",
-}
-ORDER = [
-    "none",
-    "recompute",
-    "decoupled-tis",
-    "decoupled-icepop",
-    "ctpo-mu",
-    "decoupled-m2po",
-    "opsm-trl",
-    "vespo",
-    "decoupled-tis-loglinear",
-    "none-topp",
-    "replay-topp",
-    "replay-topp-penalty",
-]
+from staleness_runs import ARMS, ORDER, PATTERN, SOUND, read_rows
 
 parser = argparse.ArgumentParser()
 parser.add_argument("folder", nargs="?", default="docs/runs/staleness")
@@ -80,19 +39,17 @@ def split_name(head):
 
 
 runs = defaultdict(dict)
-pattern = re.compile(r"(.+)-lag(\d+)-seed(\d+)\.jsonl\.gz")
 for f in sorted(pathlib.Path(args.folder).glob("*.jsonl.gz")):
-    m = pattern.fullmatch(f.name)
+    m = PATTERN.fullmatch(f.name)
     names = split_name(m.group(1)) if m else None
     if not names or not names[1]:
         if not args.recipe:
             print(f"skipped {f.name}: not <recipe>-<arm>-lag<L>-seed<S>.jsonl.gz", file=sys.stderr)
         continue
     (recipe, arm), lag, seed = names, int(m.group(2)), int(m.group(3))
-    rows = [json.loads(line) for line in gzip.open(f, "rt") if line.strip()]
-    runs[(recipe, lag, arm)][seed] = rows
+    runs[(recipe, lag, arm)][seed] = read_rows(f)
 # The script's arms in their order, then any other arm by name.
-ORDER += sorted({k[2] for k in runs} - set(ORDER))
+ORDER = ORDER + sorted({k[2] for k in runs} - set(ORDER))
 
 
 def mean(v):
@@ -130,8 +87,7 @@ for recipe in sorted({k[0] for k in runs}):
                 f"| {' / '.join(firsts)} | {sci(mean(kl))} | {mean(step_s):.3f} |"
             )
     top = lags[-1]
-    # Separation is judged on the sound arms: those that take mu into account and sample as
-    # `none` does (not `recompute`, which ignores mu, nor the top-p arms, which sample otherwise).
+    # Separation is judged on the sound arms.
     at_top = {a: f for (lag, a), f in finals_at.items() if lag == top and a in SOUND}
     if len(at_top) > 1:
         best = max(at_top, key=lambda a: mean(at_top[a]))
