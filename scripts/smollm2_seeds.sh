@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # recipes/grpo-smollm2-arith.toml over seeds 0-4 (or the seeds given), one run at a time: keeps
 # each run's metrics as docs/runs/grpo-smollm2-arith/seedN.jsonl.gz (with its wall time as
-# `wall_s`) and prints the table of recipes/README.md (scripts/smollm2_seeds_table.py).
+# `wall_s`) and prints the table of recipes/README.md (scripts/smollm2_seeds_table.py). With
+# STEPS=N the runs take N RL steps instead of the recipe's and are kept as stepsN-seedM.jsonl.gz.
 # Needs ./scripts/fetch-smollm2.sh first.
-#   scripts/smollm2_seeds.sh [SEED ...]
+#   [STEPS=N] scripts/smollm2_seeds.sh [SEED ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=("$@")
@@ -11,6 +12,9 @@ seeds=("$@")
 cargo build --release --example train -q
 bin="${CARGO_TARGET_DIR:-target}/release/examples/train"
 out=docs/runs/grpo-smollm2-arith
+prefix=${STEPS:+steps$STEPS-}
+extra=()
+[ -z "${STEPS:-}" ] || extra=(--set "schedule.steps=$STEPS" --set checkpoint.every=0)
 mkdir -p "$out"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -18,9 +22,9 @@ for seed in "${seeds[@]}"; do
   dir="$scratch/seed$seed"
   start=$(date +%s.%N)
   "$bin" recipes/grpo-smollm2-arith.toml --set "seed=$seed" --set "output_dir=\"$dir\"" \
-    --set logging.progress=false > "$dir.log" 2>&1
+    --set logging.progress=false "${extra[@]}" > "$dir.log" 2>&1
   end=$(date +%s.%N)
-  python3 - "$dir/metrics.jsonl" "$(echo "$end - $start" | bc)" <<'PY' | gzip -n > "$out/seed$seed.jsonl.gz"
+  python3 - "$dir/metrics.jsonl" "$(echo "$end - $start" | bc)" <<'PY' | gzip -n > "$out/${prefix}seed$seed.jsonl.gz"
 import json, sys
 for line in open(sys.argv[1]):
     print(line.rstrip())
@@ -28,4 +32,4 @@ print(json.dumps({"wall_s": float(sys.argv[2])}))
 PY
   echo "seed $seed done"
 done
-python3 scripts/smollm2_seeds_table.py "$out"
+python3 scripts/smollm2_seeds_table.py "$out" ${STEPS:+--steps "$STEPS"}

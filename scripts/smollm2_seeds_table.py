@@ -6,25 +6,29 @@ time; then the mean and the range over the seeds. A second table gives, per eval
 means over the seeds of the held-out and training accuracy, the KL to the reference and the
 response length (training metrics are those of the step itself).
 
-    python3 scripts/smollm2_seeds_table.py [FOLDER]
+    python3 scripts/smollm2_seeds_table.py [FOLDER] [--steps N]
+
+With --steps N it reads the runs of N RL steps (`STEPS=N scripts/smollm2_seeds.sh`,
+stepsN-seedM.jsonl.gz) instead of the recipe's.
 """
 import glob
 import gzip
 import json
 import os
+import re
 import statistics
 import sys
 
 
-def runs(folder):
+def runs(folder, prefix):
     out = []
-    for path in glob.glob(os.path.join(folder, "seed*.jsonl.gz")):
+    for path in glob.glob(os.path.join(folder, f"{prefix}seed*.jsonl.gz")):
         rows = [json.loads(l) for l in gzip.open(path, "rt") if l.strip()]
         evals = [r for r in rows if "eval/accuracy" in r]
         if not evals:
             continue
         out.append({
-            "seed": int(os.path.basename(path)[4:].split(".")[0]),
+            "seed": int(re.search(r"seed(\d+)\.jsonl\.gz$", path)[1]),
             "evals": {r["step"]: r for r in evals},
             "steps": {r["step"]: r for r in rows if "step" in r},
             "wall": next((r["wall_s"] for r in rows if "wall_s" in r), None),
@@ -37,10 +41,16 @@ def spread(values):
 
 
 def main():
-    folder = sys.argv[1] if len(sys.argv) > 1 else "docs/runs/grpo-smollm2-arith"
-    rs = runs(folder)
+    args = sys.argv[1:]
+    prefix = ""
+    if "--steps" in args:
+        i = args.index("--steps")
+        prefix = f"steps{args[i + 1]}-"
+        del args[i:i + 2]
+    folder = args[0] if args else "docs/runs/grpo-smollm2-arith"
+    rs = runs(folder, prefix)
     if not rs:
-        sys.exit(f"no seed*.jsonl.gz with evaluations in {folder}: run scripts/smollm2_seeds.sh")
+        sys.exit(f"no {prefix}seed*.jsonl.gz with evaluations in {folder}: run scripts/smollm2_seeds.sh")
     steps = sorted(set.intersection(*(set(r["evals"]) for r in rs)))
     first, last = steps[0], steps[-1]
     head = " | ".join(f"step {s}" for s in steps)
