@@ -5,6 +5,7 @@
 #   scripts/moe_replay_runs.sh [SEED ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/keep_run.sh
 seeds=("$@")
 [ ${#seeds[@]} -gt 0 ] || seeds=(0 1 2 3 4 5 6 7 8 9)
 cargo build --release --example train --features ndarray -q
@@ -17,16 +18,9 @@ for seed in "${seeds[@]}"; do
   for mode in replay free; do
     replay=$([ "$mode" = replay ] && echo true || echo false)
     dir="$scratch/$mode-$seed"
-    start=$(date +%s.%N)
-    "$bin" recipes/quickstart-moe.toml --set "seed=$seed" --set "output_dir=\"$dir\"" \
-      --set "algorithm.router_replay=$replay" --set logging.progress=false > "$dir.log" 2>&1
-    end=$(date +%s.%N)
-    python3 - "$dir/metrics.jsonl" "$(echo "$end - $start" | bc)" <<'PY' | gzip -n > "$out/$mode-seed$seed.jsonl.gz"
-import json, sys
-for line in open(sys.argv[1]):
-    print(line.rstrip())
-print(json.dumps({"wall_s": float(sys.argv[2])}))
-PY
+    keep_run "$dir" "$out/$mode-seed$seed.jsonl.gz" "$dir.log" \
+      "$bin" recipes/quickstart-moe.toml --set "seed=$seed" --set "output_dir=\"$dir\"" \
+      --set "algorithm.router_replay=$replay" --set logging.progress=false
     echo "seed $seed $mode done"
   done
 done

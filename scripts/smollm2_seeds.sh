@@ -7,6 +7,7 @@
 #   [STEPS=N] scripts/smollm2_seeds.sh [SEED ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/keep_run.sh
 seeds=("$@")
 [ ${#seeds[@]} -gt 0 ] || seeds=(0 1 2 3 4)
 cargo build --release --example train -q
@@ -20,16 +21,9 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 for seed in "${seeds[@]}"; do
   dir="$scratch/seed$seed"
-  start=$(date +%s.%N)
-  "$bin" recipes/grpo-smollm2-arith.toml --set "seed=$seed" --set "output_dir=\"$dir\"" \
-    --set logging.progress=false "${extra[@]}" > "$dir.log" 2>&1
-  end=$(date +%s.%N)
-  python3 - "$dir/metrics.jsonl" "$(echo "$end - $start" | bc)" <<'PY' | gzip -n > "$out/${prefix}seed$seed.jsonl.gz"
-import json, sys
-for line in open(sys.argv[1]):
-    print(line.rstrip())
-print(json.dumps({"wall_s": float(sys.argv[2])}))
-PY
+  keep_run "$dir" "$out/${prefix}seed$seed.jsonl.gz" "$dir.log" \
+    "$bin" recipes/grpo-smollm2-arith.toml --set "seed=$seed" --set "output_dir=\"$dir\"" \
+    --set logging.progress=false "${extra[@]}"
   echo "seed $seed done"
 done
 python3 scripts/smollm2_seeds_table.py "$out" ${STEPS:+--steps "$STEPS"}
