@@ -48,11 +48,12 @@ fn main() -> Result<()> {
     let mut out = std::io::stdout().lock();
     let start = std::time::Instant::now();
     let completions =
-        Sampler::new(&p.model, Some(&p.tokenizer)).generate_with(&[ids], &cfg, |_, token| {
-            if let Ok(Some(text)) = stream.step(token) {
+        Sampler::new(&p.model, Some(&p.tokenizer)).generate_with(&[ids], &cfg, |t| {
+            if let Ok(Some(text)) = stream.step(t.draw.token as u32) {
                 let _ = write!(out, "{text}");
                 let _ = out.flush();
             }
+            std::ops::ControlFlow::Continue(())
         })?;
     let c = &completions[0];
     let secs = start.elapsed().as_secs_f64();

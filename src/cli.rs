@@ -245,11 +245,18 @@ pub fn export(args: impl IntoIterator<Item = String>) -> Result<String, rlft_tra
 /// Usage of the `serve` command.
 pub const SERVE_USAGE: &str =
     "usage: rlft serve MODEL [--host 127.0.0.1] [--port 8000] [--device D] [--dtype f32|bf16|f16]
-                  [--served-model-name policy] [--api-key KEY] [--weight-version K]
+                  [--served-model-name policy] [--api-key KEY | --api-key-file PATH]
+                  [--insecure-no-key] [--allowed-hosts NAME,...] [--weight-version K]
                   [--max-concurrent 1] [--max-queue 64] [--max-n 256] [--max-rows 4096]
                   [--max-tokens N] [--max-batch-tokens 262144] [--max-body-bytes 67108864]
+                  [--header-timeout 10] [--body-timeout 10]
   MODEL: anything `rlft export` takes (a run folder, a checkpoint, a Hugging Face folder, a .gguf)
-  --api-key (or RLFT_API_KEY): every route but /health needs Authorization: Bearer KEY
+  --api-key (or --api-key-file, its content trimmed, or RLFT_API_KEY): every route but /health
+    needs Authorization: Bearer KEY. Without a key weight updates are refused (403), and a
+    non-loopback --host is refused unless --insecure-no-key is given
+  --allowed-hosts: Host names accepted besides localhost, 127.0.0.1 and [::1] (* for any)
+  --header-timeout / --body-timeout: seconds a client may take to send its headers / may leave
+    between two pieces of its body before the connection is closed
   --port 0 takes any free port; the first line printed names the address";
 
 /// Why `rlft serve` stopped.
@@ -293,6 +300,11 @@ pub fn serve(
         ("dtype", true),
         ("served-model-name", true),
         ("api-key", true),
+        ("api-key-file", true),
+        ("insecure-no-key", false),
+        ("allowed-hosts", true),
+        ("header-timeout", true),
+        ("body-timeout", true),
         ("weight-version", true),
         ("max-concurrent", true),
         ("max-queue", true),
@@ -312,11 +324,37 @@ pub fn serve(
         return Err(usage(format!("one MODEL expected, got {:?}", args.positional)).into());
     };
     let defaults = rlft_serve::ServerConfig::new();
-    let api_key = args
-        .value("api-key")
+    let api_key = match (args.value("api-key"), args.value("api-key-file")) {
+        (Some(_), Some(_)) => {
+            return Err(usage("give --api-key or --api-key-file, not both".into()).into());
+        }
+        (Some(k), None) => Some(k.to_string()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| usage(format!("--api-key-file {path:?}: {e}")))?
+                .trim()
+                .to_string(),
+        ),
+        (None, None) => std::env::var("RLFT_API_KEY").ok(),
+    };
+    let allowed_hosts = args
+        .values("allowed-hosts")
+        .iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
         .map(String::from)
-        .or_else(|| std::env::var("RLFT_API_KEY").ok());
+        .collect();
     let config = rlft_serve::ServerConfig {
+        insecure_no_key: args.flag("insecure-no-key"),
+        allowed_hosts,
+        header_timeout_s: args
+            .get("header-timeout", defaults.header_timeout_s)
+            .map_err(usage)?,
+        body_timeout_s: args
+            .get("body-timeout", defaults.body_timeout_s)
+            .map_err(usage)?,
+        shutdown_grace_s: defaults.shutdown_grace_s,
         host: args.value("host").unwrap_or(&defaults.host).to_string(),
         port: args.get("port", defaults.port).map_err(usage)?,
         served_model_name: args

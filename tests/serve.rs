@@ -1,8 +1,10 @@
 //! `rlft serve` as a client sees it: the real binary on the tiny fixtures, driven over loopback
 //! HTTP. Completions carry the sampled ids and `log μ`, and equal what rlft's sampler draws
 //! in-process for the same rows and seed; chat runs through the chat template (400 without
-//! one); bad requests are 4xx errors naming the field while the server keeps serving; the API
-//! key guards every route but `/health`; a refused weight update leaves the old version serving.
+//! one); streamed answers are the unstreamed ones cut into chunks, and a client that leaves
+//! mid-stream frees its slot; bad requests are 4xx errors naming the field while the server
+//! keeps serving; the API key guards every route but `/health`; a refused weight update leaves
+//! the old version serving.
 //! Every server started here is killed when its test ends, also on failure.
 
 #[path = "support/cli.rs"]
@@ -210,7 +212,16 @@ fn bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving() {
         (json!({"prompt": "hi", "n": 0}), "n", 400),
         (json!({"prompt": "hi", "n": 17}), "n", 400),
         (json!({"prompt": "hi", "seed": -3}), "seed", 400),
-        (json!({"prompt": "hi", "stream": true}), "stream", 400),
+        (
+            json!({"prompt": "hi", "stream_options": {"include_usage": true}}),
+            "stream_options",
+            400,
+        ),
+        (
+            json!({"prompt": "hi", "stream": true, "rescore": true}),
+            "rescore",
+            400,
+        ),
         (json!({"prompt": "hi", "echo": true}), "echo", 400),
         (json!({"prompt": "hi", "logprobs": "yes"}), "logprobs", 400),
         (json!({"prompt": "hi", "stop": 7}), "stop", 400),
@@ -272,7 +283,7 @@ fn bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving() {
     s.complete(json!({"prompt": "still serving", "max_tokens": 3}));
     let (_, metrics) = s.get("/metrics");
     assert!(
-        metrics.contains("rlft_request_errors_total 34"),
+        metrics.contains("rlft_request_errors_total 35"),
         "{metrics}"
     );
 }
@@ -359,15 +370,9 @@ fn a_refused_update_leaves_the_old_version_serving() {
 /// (and passing) where Python has no `openai` package; CI installs it.
 #[test]
 fn the_openai_python_client_reads_completions() {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let has = Command::new(&python)
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has {
-        println!("skipped: {python} has no `openai` package (pip install openai)");
+    let Some(python) = serve::python_with("openai") else {
         return;
-    }
+    };
     let mut s = Serve::start(&tiny_llama(), &["--api-key", "k"]);
     s.key = Some("k".into());
     let script = r#"

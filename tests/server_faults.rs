@@ -36,7 +36,7 @@ fn start_run(out: &Path, servers: &[&Serve], extra: &[&str]) -> Child {
         .arg("--set")
         .arg(format!("rollout.servers=[{}]", urls.join(", ")))
         .env_remove("RLFT_DEVICE")
-        .env_remove("RLFT_API_KEY")
+        .env("RLFT_API_KEY", cli::TEST_KEY)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     for s in LONG.iter().chain(extra) {
@@ -266,6 +266,7 @@ fn with_every_server_gone_the_run_stops_with_status_4_and_resumes_on_new_ones() 
         .arg("--set")
         .arg(format!("rollout.servers=[\"{}\", \"{}\"]", c.url, d.url))
         .env_remove("RLFT_DEVICE")
+        .env("RLFT_API_KEY", cli::TEST_KEY)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

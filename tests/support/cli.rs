@@ -159,6 +159,10 @@ pub fn train_ok(out: &Path, sets: &[&str]) {
 }
 
 /// Trains `recipe` into `out` with `sets` overrides; it must succeed.
+/// The API key the tests' `rlft serve` processes start with (`support/serve.rs`) and the
+/// trainers they start send (`RLFT_API_KEY`).
+pub const TEST_KEY: &str = "rlft-test-key";
+
 pub fn train_recipe_ok(recipe: &Path, out: &Path, sets: &[&str]) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlft"));
     cmd.arg("train")
@@ -166,7 +170,7 @@ pub fn train_recipe_ok(recipe: &Path, out: &Path, sets: &[&str]) {
         .arg("--set")
         .arg(format!("output_dir=\"{}\"", out.display()))
         .env_remove("RLFT_DEVICE")
-        .env_remove("RLFT_API_KEY");
+        .env("RLFT_API_KEY", TEST_KEY);
     for set in sets {
         cmd.args(["--set", set]);
     }

@@ -1,10 +1,12 @@
 //! `rlft serve` as a separate process, for the tests that drive it over loopback HTTP
-//! (`serve.rs`, `rollout_servers.rs`): started on a free port, killed when dropped, also when
-//! its test fails.
+//! (`serve.rs`, `rollout_servers.rs`, `server_faults.rs`, `serve_hostile.rs`): started on a
+//! free port with the tests' API key ([`crate::cli::TEST_KEY`], which the trainers these tests
+//! start read from `RLFT_API_KEY`), killed when dropped, also when its test fails.
 #![allow(dead_code)]
 
 use serde_json::Value;
-use std::io::BufRead;
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -17,11 +19,32 @@ pub struct Serve {
 }
 
 impl Serve {
+    /// With the tests' key, unless `extra` gives a key of its own (then with none set here).
     pub fn start(model: &Path, extra: &[&str]) -> Self {
         Self::start_env(model, extra, &[])
     }
 
+    /// As [`Serve::start`], with `env` set for the server; a key in `env` (`RLFT_API_KEY`)
+    /// replaces the tests' key (and none is set here).
     pub fn start_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let own = extra
+            .iter()
+            .any(|a| a.starts_with("--api-key") || *a == "--insecure-no-key")
+            || env.iter().any(|(k, _)| *k == "RLFT_API_KEY");
+        if own {
+            return Self::launch(model, extra, env, None);
+        }
+        let mut args = extra.to_vec();
+        args.extend(["--api-key", crate::cli::TEST_KEY]);
+        Self::launch(model, &args, env, Some(crate::cli::TEST_KEY))
+    }
+
+    /// Without a key.
+    pub fn start_keyless(model: &Path, extra: &[&str]) -> Self {
+        Self::launch(model, extra, &[], None)
+    }
+
+    fn launch(model: &Path, extra: &[&str], env: &[(&str, &str)], key: Option<&str>) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlft"));
         cmd.arg("serve")
             .arg(model)
@@ -62,7 +85,7 @@ impl Serve {
             child,
             url,
             agent,
-            key: None,
+            key: key.map(String::from),
         }
     }
 
@@ -108,9 +131,11 @@ impl Serve {
 impl Serve {
     /// `rlft_requests_in_flight` from `/metrics` (0 when the server does not answer).
     pub fn in_flight(&self) -> u64 {
-        let Ok(mut r) = self
-            .agent
-            .get(format!("{}/metrics", self.url))
+        let mut req = self.agent.get(format!("{}/metrics", self.url));
+        if let Some(k) = &self.key {
+            req = req.header("Authorization", &format!("Bearer {k}"));
+        }
+        let Ok(mut r) = req
             .config()
             .timeout_global(Some(std::time::Duration::from_secs(2)))
             .build()
@@ -135,6 +160,15 @@ impl Serve {
         assert!(ok.success(), "kill -{signal}");
     }
 
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Kills the process (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -147,4 +181,76 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+impl Serve {
+    /// A raw connection to the server, reads timing out after 30 s (a test fails instead of
+    /// hanging).
+    pub fn connect(&self) -> TcpStream {
+        let c = TcpStream::connect(("127.0.0.1", self.port())).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        c
+    }
+
+    /// Sends a raw request and reads the answer to its end.
+    pub fn exchange(&self, req: &str) -> String {
+        let mut c = self.connect();
+        c.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    }
+
+    /// `Authorization: Bearer <key>` with this server's key.
+    pub fn bearer(&self) -> String {
+        format!("Bearer {}", self.key.as_deref().unwrap_or_default())
+    }
+
+    /// A counter or gauge from `/metrics`.
+    pub fn metric(&self, name: &str) -> u64 {
+        let (_, text) = self.get("/metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in {text}"))
+    }
+}
+
+/// A whole raw HTTP/1.1 request (`Connection: close`; a `Content-Length` for POST).
+pub fn request(method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> String {
+    let mut r = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        r.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if method == "POST" {
+        r.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    r.push_str("\r\n");
+    r.push_str(body);
+    r
+}
+
+/// The status of a raw answer.
+pub fn status(answer: &str) -> u16 {
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The Python to drive the server with when it has `module` (`$PYTHON`, else `python3`);
+/// `None`, with a `skipped:` line, when it has not (CI installs the clients).
+pub fn python_with(module: &str) -> Option<String> {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let has = Command::new(&python)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        println!("skipped: {python} has no `{module}` package (pip install {module})");
+        return None;
+    }
+    Some(python)
 }

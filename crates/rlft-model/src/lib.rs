@@ -15,6 +15,7 @@ pub mod dequant;
 pub mod device;
 mod error;
 mod export;
+pub mod finite;
 #[cfg(test)]
 mod fuzz;
 pub mod gguf;
@@ -34,6 +35,7 @@ pub use config::{
 };
 pub use error::{ModelError, Result};
 pub use export::{GgufFileType, HF_EXPORT_FILES, LORA_TARGETS, LoraConfig};
+pub use finite::{NonFinite, first_non_finite};
 pub use gguf::GgufFile;
 pub use host::{DECODE_ROWS, HostKvCache, HostWeights};
 pub use layers::{

@@ -35,8 +35,8 @@ pub use rollout::{
     rollout_with,
 };
 pub use sampler::{
-    Completion, Draw, FinishReason, KvOnUpdate, SampleOn, Sampler, SamplingConfig, Updated,
-    Updates, WeightUpdate, draw_on_device, draw_on_host,
+    Completion, Draw, FinishReason, KvOnUpdate, SampleOn, Sampled, Sampler, SamplingConfig,
+    Updated, Updates, WeightUpdate, draw_on_device, draw_on_host,
 };
 pub use scorers::{
     BySource, DapoScore, Gsm8kMethod, ParityReport, Scored, Scorer, check_golden,
@@ -95,6 +95,22 @@ pub enum RolloutError {
     /// answer that is not the protocol's).
     #[error("rollout server: {0}")]
     Server(String),
+    /// The caller ended a generation (its `on_token` returned `Break`: a client that went away).
+    #[error("the generation was cancelled by its caller")]
+    Cancelled,
+    /// The model gave a non-finite logit (NaN or an infinity), so no token can be drawn and no
+    /// `log μ` recorded.
+    #[error(
+        "the model gave a non-finite logit (NaN or an infinity) for row {row} at generated token          {position} (weight version {version}): its weights or activations are not finite; check          the checkpoint for NaN or infinite values, or compute in f32 instead of f16"
+    )]
+    NonFiniteLogits {
+        /// The row (index in the batch).
+        row: usize,
+        /// The generated token's position (0: the first).
+        position: usize,
+        /// The weight version that computed it.
+        version: u64,
+    },
     /// From the model crate (tokenizer, weights).
     #[error(transparent)]
     Model(#[from] rlft_model::ModelError),

@@ -12,6 +12,7 @@ use crate::{LearnerBatch, Result, RolloutError};
 use burn::tensor::{Int, Tensor, TensorData};
 use rlft_model::{ForwardInput, HostWeights, TokenRouting, Tokenizer, Transformer};
 use serde::{Deserialize, Serialize};
+use std::ops::ControlFlow;
 
 mod config;
 mod decode;
@@ -40,6 +41,19 @@ pub struct Draw {
     /// With filters and [`SamplingConfig::kept_ids_max`] > 0: the kept token ids (the sampling
     /// mask, most likely first), or `None` when more than `kept_ids_max` were kept.
     pub kept_ids: Option<Vec<u32>>,
+}
+
+/// One token as the sampler chooses it ([`Sampler::generate_with`]).
+#[derive(Debug)]
+pub struct Sampled<'d> {
+    /// The row: its index in the caller's batch.
+    pub row: usize,
+    /// The draw: the token, its `log μ`, and with filters `log S` and the kept ids.
+    pub draw: &'d Draw,
+    /// The weight version that sampled it.
+    pub version: u64,
+    /// On the row's last token: why it stopped.
+    pub finish: Option<FinishReason>,
 }
 
 /// Why a row stopped.
@@ -190,16 +204,25 @@ impl<'a> Sampler<'a> {
     }
 
     /// Samples one completion per prompt (prompts may differ in length: they are left-padded).
+    ///
+    /// # Errors
+    /// A setting out of range, an empty prompt, stop strings without a tokenizer, a model that
+    /// gives a non-finite logit ([`RolloutError::NonFiniteLogits`]).
     pub fn generate(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig) -> Result<Vec<Completion>> {
-        self.generate_with(prompts, cfg, |_, _| {})
+        self.generate_with(prompts, cfg, |_| ControlFlow::Continue(()))
     }
 
-    /// As [`Sampler::generate`], calling `on_token(row, token)` as each token is chosen.
+    /// As [`Sampler::generate`], calling `on_token` as each token is chosen (in row order within
+    /// a step, a row's last token with its [`Sampled::finish`]). A `Break` from it ends the
+    /// generation at once with [`RolloutError::Cancelled`] (a client that went away).
+    ///
+    /// # Errors
+    /// As [`Sampler::generate`], and [`RolloutError::Cancelled`].
     pub fn generate_with(
         &self,
         prompts: &[Vec<u32>],
         cfg: &SamplingConfig,
-        on_token: impl FnMut(usize, u32),
+        on_token: impl FnMut(&Sampled<'_>) -> ControlFlow<()>,
     ) -> Result<Vec<Completion>> {
         Ok(self.run(prompts, cfg, on_token, None)?.completions)
     }
@@ -225,14 +248,14 @@ impl<'a> Sampler<'a> {
                     .into(),
             ));
         }
-        self.run(prompts, cfg, |_, _| {}, Some(updates))
+        self.run(prompts, cfg, |_| ControlFlow::Continue(()), Some(updates))
     }
 
     fn run(
         &self,
         prompts: &[Vec<u32>],
         cfg: &SamplingConfig,
-        on_token: impl FnMut(usize, u32),
+        on_token: impl FnMut(&Sampled<'_>) -> ControlFlow<()>,
         updates: Option<&mut Updates<'_>>,
     ) -> Result<Updated> {
         cfg.validate()?;

@@ -56,6 +56,77 @@ fn same_seed_same_tokens() {
 /// left-padded row per sequence with an attention mask — to f32 rounding (1e-5), for rows that
 /// ended at a stop token as well as for rows cut off by the length limit. Each row alone
 /// (unpadded) agrees to f32 rounding of a different reduction order (≤ 5e-5).
+/// `generate_with` shows every token as it is chosen (its draw, version and, on a row's last
+/// token, why the row stopped), exactly the completions' tokens; a `Break` ends the generation
+/// with `Cancelled` after that call; a model with NaN weights is `NonFiniteLogits`, never a
+/// draw from NaN.
+#[test]
+fn tokens_are_shown_as_chosen_and_a_break_cancels() {
+    use rlft_rollout::RolloutError;
+    use std::ops::ControlFlow;
+    let (p, device) = load();
+    let s = Sampler::new(&p.model, Some(&p.tokenizer));
+    let cfg = SamplingConfig::new()
+        .with_max_new_tokens(10)
+        .with_seed(3)
+        .with_top_k(50);
+    let rows = prompts(&p);
+    let mut seen: Vec<Vec<(u32, f32)>> = vec![Vec::new(); rows.len()];
+    let mut finished = vec![None; rows.len()];
+    let done = s
+        .generate_with(&rows, &cfg, |t| {
+            assert!(finished[t.row].is_none(), "a token after the row's finish");
+            seen[t.row].push((t.draw.token as u32, t.draw.logprob));
+            finished[t.row] = t.finish;
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(done, s.generate(&rows, &cfg).unwrap());
+    for (i, c) in done.iter().enumerate() {
+        let ids: Vec<u32> = seen[i].iter().map(|t| t.0).collect();
+        let lps: Vec<f32> = seen[i].iter().map(|t| t.1).collect();
+        assert_eq!(
+            (ids, lps),
+            (c.tokens.clone(), c.logprobs.clone()),
+            "row {i}"
+        );
+        assert_eq!(finished[i], Some(c.finish_reason), "row {i}");
+    }
+    let mut calls = 0;
+    let e = s
+        .generate_with(&rows, &cfg, |_| {
+            calls += 1;
+            if calls == 4 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap_err();
+    assert!(matches!(e, RolloutError::Cancelled), "{e}");
+    assert_eq!(calls, 4);
+
+    let mut poisoned = p.model.clone();
+    let [v, h] = poisoned.embed_tokens.weight.dims();
+    poisoned.embed_tokens.weight =
+        burn::module::Param::from_tensor(Tensor::full([v, h], f32::NAN, &device));
+    let e = Sampler::new(&poisoned, Some(&p.tokenizer))
+        .generate(&rows, &cfg)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RolloutError::NonFiniteLogits {
+                row: 0,
+                position: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("non-finite logit"), "{e}");
+}
+
 #[test]
 fn behaviour_logprobs_equal_the_learners() {
     let (p, device) = load();

@@ -409,11 +409,14 @@ mod tests {
     #[test]
     fn a_call_on_the_server_is_the_call_in_process_bit_for_bit() {
         let served = policy(1);
+        let key = crate::guard::random_key().unwrap();
         let server = ServerConfig::new()
             .with_port(0)
+            .with_api_key(Some(key.clone()))
             .start(served.clone())
             .unwrap();
-        let client = Client::new(&server.url(), "policy", Duration::from_secs(60));
+        let client =
+            Client::new(&server.url(), "policy", Duration::from_secs(60)).with_api_key(Some(key));
         let here = Sampler::new(&served.model, Some(&served.tokenizer));
         let t = &served.tokenizer;
         let a = t.encode("12+7=").unwrap();

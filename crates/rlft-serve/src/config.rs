@@ -14,9 +14,31 @@ pub struct ServerConfig {
     /// The name requests must give as `model` (another name is a 404).
     #[config(default = "String::from(\"policy\")")]
     pub served_model_name: String,
-    /// When set, every route but `/health` needs `Authorization: Bearer <key>`.
+    /// When set, every route but `/health` needs `Authorization: Bearer <key>`. Without one,
+    /// weight updates are refused (403), and only a loopback `host` may be bound unless
+    /// [`insecure_no_key`](Self::insecure_no_key) is set.
     #[config(default = "None")]
     pub api_key: Option<String>,
+    /// Bind a non-loopback `host` without an API key (a warning is printed): anyone who can
+    /// reach the port can then generate.
+    #[config(default = false)]
+    pub insecure_no_key: bool,
+    /// Host names (`Host` header, without the port) accepted besides `localhost`, `127.0.0.1`
+    /// and `[::1]`; `*` accepts any. On a loopback bind every other `Host` is refused with 421
+    /// (no DNS rebinding); on another bind the check applies only when this list is not empty.
+    #[config(default = "Vec::new()")]
+    pub allowed_hosts: Vec<String>,
+    /// Seconds a client may take to send a request's headers (also how long an idle
+    /// keep-alive connection stays open); the connection is then closed.
+    #[config(default = 10.0)]
+    pub header_timeout_s: f64,
+    /// Seconds a request body may go without a byte arriving; the request then gets a 408 and
+    /// its connection is closed.
+    #[config(default = 10.0)]
+    pub body_timeout_s: f64,
+    /// Seconds a stopping server waits for its requests in flight before it drops them.
+    #[config(default = 3.0)]
+    pub shutdown_grace_s: f64,
     /// Requests computed at once; each is one batch on its own thread.
     #[config(default = 1)]
     pub max_concurrent: usize,

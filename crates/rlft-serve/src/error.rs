@@ -61,6 +61,10 @@ impl ApiError {
         match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
             StatusCode::UNAUTHORIZED => "AuthenticationError",
+            StatusCode::FORBIDDEN => "PermissionDeniedError",
+            StatusCode::REQUEST_TIMEOUT => "RequestTimeoutError",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "UnsupportedMediaTypeError",
+            StatusCode::MISDIRECTED_REQUEST => "MisdirectedRequestError",
             StatusCode::NOT_FOUND => "NotFoundError",
             StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
@@ -84,8 +88,16 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// The JSON body; a 408 (a stalled body) also closes the connection.
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            r.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        r
     }
 }
 

@@ -10,7 +10,8 @@ use crate::error::ApiError;
 use crate::protocol::{Finish, PromptInput, RlftChoice, Sampling};
 use crate::state::Policy;
 use rlft_model::ChatMessage;
-use rlft_rollout::{Completion, FinishReason, Sampler, SamplingConfig};
+use rlft_rollout::{Completion, FinishReason, Sampled, Sampler, SamplingConfig};
+use std::ops::ControlFlow;
 
 /// `max_tokens` of a completion request that gives none (OpenAI's and vLLM's default).
 pub const DEFAULT_MAX_TOKENS: usize = 16;
@@ -192,14 +193,26 @@ pub fn job(
     })
 }
 
-/// Refuses the fields whose settings are not served (streaming, penalties, logit bias, a
-/// minimum length), unless given their neutral value.
+/// Refuses the fields whose settings are not served (penalties, logit bias, a minimum length)
+/// unless given their neutral value, and what streaming cannot carry.
 fn refuse_unserved(s: &Sampling) -> Result<(), ApiError> {
-    if s.stream == Some(true) {
+    let stream = s.stream == Some(true);
+    if s.stream_options.is_some() && !stream {
         return Err(ApiError::bad(
-            "stream",
-            "streaming is not served; leave it out or set it to false",
+            "stream_options",
+            "is only allowed with stream = true",
         ));
+    }
+    for (key, asked) in [
+        ("rescore", s.rescore == Some(true)),
+        ("return_routing", s.return_routing == Some(true)),
+    ] {
+        if stream && asked {
+            return Err(ApiError::bad(
+                key,
+                "is known only once the whole batch is sampled, so it is not served with                  stream = true; ask without streaming",
+            ));
+        }
     }
     for (key, given, neutral) in [
         ("presence_penalty", s.presence_penalty, 0.0),
@@ -372,8 +385,21 @@ fn sampling_config(
 /// Computes `job` on `policy`: one sampler call over every row, prompt-major.
 ///
 /// # Errors
-/// The sampler's error (a 500: the request was checked).
+/// The sampler's error (a 500: the request was checked), naming a non-finite logit.
 pub fn run(job: &Job, policy: &Policy) -> Result<Vec<Sample>, ApiError> {
+    run_with(job, policy, |_| ControlFlow::Continue(()))
+}
+
+/// As [`run`], calling `on_token` as each token is chosen (row `i` is choice `i`); a `Break`
+/// ends the generation with an error.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_with(
+    job: &Job,
+    policy: &Policy,
+    on_token: impl FnMut(&Sampled<'_>) -> ControlFlow<()>,
+) -> Result<Vec<Sample>, ApiError> {
     let rows: Vec<Vec<u32>> = job
         .prompts
         .iter()
@@ -381,23 +407,41 @@ pub fn run(job: &Job, policy: &Policy) -> Result<Vec<Sample>, ApiError> {
         .collect();
     let sampler = Sampler::new(&policy.model, Some(&policy.tokenizer));
     let out = sampler
-        .generate(&rows, &job.cfg)
-        .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        .generate_with(&rows, &job.cfg, on_token)
+        .map_err(|e| internal(e.to_string()))?;
     out.into_iter()
         .map(|completion| {
-            let text = text(&completion, &job.cfg.stop_strings, policy)?;
+            let text = sample_text(
+                &completion.tokens,
+                completion.finish_reason,
+                &job.cfg.stop_strings,
+                policy,
+            )?;
             Ok(Sample { completion, text })
         })
         .collect()
 }
 
+/// A 500.
+pub fn internal(message: String) -> ApiError {
+    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, message)
+}
+
 /// A sample's text: special tokens left out, cut before the first stop string.
-fn text(c: &Completion, stops: &[String], policy: &Policy) -> Result<String, ApiError> {
+///
+/// # Errors
+/// A token the tokenizer cannot decode (a 500).
+pub fn sample_text(
+    tokens: &[u32],
+    finish: FinishReason,
+    stops: &[String],
+    policy: &Policy,
+) -> Result<String, ApiError> {
     let mut text = policy
         .tokenizer
-        .decode(&c.tokens, true)
-        .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    if c.finish_reason == FinishReason::Stop
+        .decode(tokens, true)
+        .map_err(|e| internal(e.to_string()))?;
+    if finish == FinishReason::Stop
         && let Some(cut) = stops.iter().filter_map(|s| text.find(s.as_str())).min()
     {
         text.truncate(cut);
@@ -407,11 +451,24 @@ fn text(c: &Completion, stops: &[String], policy: &Policy) -> Result<String, Api
 
 /// OpenAI's `finish_reason`.
 pub fn finish_reason(c: &Completion) -> String {
-    match c.finish_reason {
+    finish_name(c.finish_reason).into()
+}
+
+/// OpenAI's `finish_reason` of a [`FinishReason`].
+pub fn finish_name(f: FinishReason) -> &'static str {
+    match f {
         FinishReason::Length => "length",
         FinishReason::Eos | FinishReason::Stop => "stop",
     }
-    .into()
+}
+
+/// rlft's name of a [`FinishReason`] (the `finish` of [`RlftChoice`]).
+pub fn finish_kind(f: FinishReason) -> Finish {
+    match f {
+        FinishReason::Eos => Finish::Eos,
+        FinishReason::Stop => Finish::Stop,
+        FinishReason::Length => Finish::Length,
+    }
 }
 
 /// rlft's extensions of a sample's choice.
@@ -420,11 +477,7 @@ pub fn extension(c: &Completion, job: &Job, version: u64) -> RlftChoice {
         token_ids: c.tokens.clone(),
         logprobs: c.logprobs.clone(),
         token_versions: vec![version; c.tokens.len()],
-        finish: match c.finish_reason {
-            FinishReason::Eos => Finish::Eos,
-            FinishReason::Stop => Finish::Stop,
-            FinishReason::Length => Finish::Length,
-        },
+        finish: finish_kind(c.finish_reason),
         log_kept_mass: c.log_kept_mass.clone(),
         kept_ids: job.kept.then(|| c.kept_ids.clone()),
         routing: if job.routing { c.routing.clone() } else { None },
@@ -435,12 +488,15 @@ pub fn extension(c: &Completion, job: &Job, version: u64) -> RlftChoice {
 pub fn token_texts(c: &Completion, as_ids: bool, policy: &Policy) -> Vec<String> {
     c.tokens
         .iter()
-        .map(|&id| {
-            if as_ids {
-                format!("token_id:{id}")
-            } else {
-                policy.tokenizer.decode(&[id], false).unwrap_or_default()
-            }
-        })
+        .map(|&id| token_text(id, as_ids, policy))
         .collect()
+}
+
+/// One token's text, as `logprobs.tokens` shows it (`token_id:<id>` with `as_ids`).
+pub fn token_text(id: u32, as_ids: bool, policy: &Policy) -> String {
+    if as_ids {
+        format!("token_id:{id}")
+    } else {
+        policy.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
 }

@@ -22,13 +22,19 @@
 
 #![warn(missing_docs)]
 
+mod admission;
+mod body;
 pub mod client;
 mod config;
+mod conn;
 pub mod error;
 pub mod generate;
+pub mod guard;
+pub mod hosts;
 pub mod protocol;
 mod routes;
 pub mod state;
+mod stream;
 
 pub use client::{Client, ClientError, Protocol, Remote};
 pub use config::ServerConfig;
@@ -70,6 +76,29 @@ impl ServerConfig {
                 "the API key is empty; give a key or none".into(),
             ));
         }
+        for (key, v) in [
+            ("header_timeout_s", self.header_timeout_s),
+            ("body_timeout_s", self.body_timeout_s),
+            ("shutdown_grace_s", self.shutdown_grace_s),
+        ] {
+            if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
+                return Err(ServeError::Config(format!(
+                    "{key} must be a number of seconds in (0, 86400], got {v}"
+                )));
+            }
+        }
+        if !hosts::is_loopback(&self.host) && self.api_key.is_none() {
+            if !self.insecure_no_key {
+                return Err(ServeError::Config(format!(
+                    "--host {} is not a loopback address, and without --api-key anyone who can                      reach the port could use the server: give --api-key KEY (or                      --api-key-file PATH, or RLFT_API_KEY), or --insecure-no-key to serve                      without one",
+                    self.host
+                )));
+            }
+            eprintln!(
+                "rlft serve: warning: serving on {} without an API key (--insecure-no-key):                  anyone who can reach the port can generate",
+                self.host
+            );
+        }
         let addr = format!("{}:{}", self.host, self.port);
         let listener = std::net::TcpListener::bind(&addr).map_err(|source| ServeError::Bind {
             addr: addr.clone(),
@@ -83,6 +112,7 @@ impl ServerConfig {
             .map_err(|e| ServeError::Runtime(e.to_string()))?;
         let state = Arc::new(state::State::new(self.clone(), policy));
         let app = routes::router(state.clone());
+        let served_state = state.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -93,16 +123,14 @@ impl ServerConfig {
         let thread = std::thread::Builder::new()
             .name(format!("rlft-serve-{}", local.port()))
             .spawn(move || {
-                runtime.block_on(async move {
+                let served = runtime.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener)
                         .map_err(|e| ServeError::Runtime(e.to_string()))?;
-                    axum::serve(listener, app)
-                        .with_graceful_shutdown(async move {
-                            let _ = stopped.await;
-                        })
-                        .await
-                        .map_err(|e| ServeError::Runtime(e.to_string()))
-                })
+                    conn::serve(listener, app, served_state, stopped).await
+                });
+                // Tasks still running past the grace period (a stalled client) are dropped.
+                runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+                served
             })
             .map_err(|e| ServeError::Runtime(e.to_string()))?;
         Ok(Server {
@@ -130,7 +158,8 @@ impl Server {
         self.state.policy().version
     }
 
-    /// Stops accepting connections, lets the requests in flight finish, and returns.
+    /// Stops accepting connections, lets the requests in flight finish (for at most
+    /// [`ServerConfig::shutdown_grace_s`]), and returns.
     ///
     /// # Errors
     /// The server had failed.

@@ -29,8 +29,10 @@ pub struct Sampling {
     pub stop_token_ids: Option<Vec<u32>>,
     /// Go on past EOS (vLLM).
     pub ignore_eos: Option<bool>,
-    /// Streaming is not served: `true` is refused.
+    /// Answer with server-sent events, one chunk per token of each choice, `data: [DONE]` last.
     pub stream: Option<bool>,
+    /// With `stream`: `{"include_usage": true}` adds a last chunk with the usage.
+    pub stream_options: Option<StreamOptions>,
     /// rlft: return each token's kept set under top-k / min-p / top-p (sampling-mask replay).
     pub return_kept_ids: Option<bool>,
     /// rlft: the largest kept set recorded with `return_kept_ids` (default 1024; larger ones
@@ -55,6 +57,13 @@ pub struct Sampling {
     pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
     /// Not served (vLLM): a value other than 0 is refused.
     pub min_tokens: Option<usize>,
+}
+
+/// `stream_options` (OpenAI).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` and no choices (the other chunks carry `usage: null`).
+    pub include_usage: Option<bool>,
 }
 
 /// `stop`: one string or several.
@@ -141,6 +150,7 @@ pub const SAMPLING_FIELDS: &[&str] = &[
     "stop_token_ids",
     "ignore_eos",
     "stream",
+    "stream_options",
     "return_kept_ids",
     "kept_ids_max",
     "return_routing",

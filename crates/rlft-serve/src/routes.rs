@@ -1,6 +1,7 @@
 //! The HTTP routes: reading and checking each request (a JSON error naming the field for
 //! anything wrong), queueing it for a generation slot, and writing the answer.
 
+use crate::admission::{InFlight, admit};
 use crate::error::ApiError;
 use crate::generate::{self, Job, Sample};
 use crate::protocol::{
@@ -9,11 +10,11 @@ use crate::protocol::{
     CompletionResponse, SAMPLING_FIELDS, Sampling, UpdateWeightsRequest, Usage, VersionInput,
 };
 use crate::state::{Policy, State};
+use crate::{body, stream};
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State as Shared};
-use axum::http::{StatusCode, header};
-use axum::middleware::Next;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use burn::tensor::DType;
@@ -29,7 +30,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
-        .route("/update_weights_from_disk", post(update_weights))
+        .route(crate::guard::UPDATE_ROUTE, post(update_weights))
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { StatusCode::OK }))
         .fallback(|req: Request| async move {
@@ -38,43 +39,12 @@ pub fn router(state: Arc<State>) -> Router {
                 format!("no route {} {}", req.method(), req.uri().path()),
             )
         })
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::guard::guard,
+        ))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
-}
-
-/// Every route but `/health` needs `Authorization: Bearer <key>` when the server has a key.
-async fn auth(Shared(st): Shared<Arc<State>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &st.config.api_key
-        && req.uri().path() != "/health"
-    {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "a missing or wrong API key: send the server's key as Authorization: Bearer <key>",
-            )
-            .into_response();
-        }
-    }
-    next.run(req).await
-}
-
-/// The body, at most `limit` bytes.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the body is larger than the server's limit of {limit} bytes (--max-body-bytes); \
-                 send fewer rows per request"
-            ),
-        )
-    })
 }
 
 /// Parses `value` as `T`, naming the field of any error; fields none of `known` lists are
@@ -149,56 +119,32 @@ fn answered<T: IntoResponse>(st: &State, r: Result<T, ApiError>) -> Response {
     }
 }
 
-/// Decrements the in-flight gauge when the request ends (answered, dropped or computed).
-struct InFlight(Arc<State>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Counts a request in flight from its first byte: a 503 at once when `max_concurrent` +
-/// `max_queue` requests are already in, so what requests hold stays bounded by settings.
-fn admit(st: &Arc<State>) -> Result<InFlight, ApiError> {
-    let before = st.counters.in_flight.fetch_add(1, Ordering::Relaxed);
-    let ticket = InFlight(st.clone());
-    let cap = (st.config.max_concurrent + st.config.max_queue) as u64;
-    if before >= cap {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the server is busy: {before} requests are running or queued (--max-concurrent \
-                 {}, --max-queue {}); retry later",
-                st.config.max_concurrent, st.config.max_queue
-            ),
-        ));
-    }
-    Ok(ticket)
-}
-
-/// Reads the body and turns it into `T` on a blocking thread, at most [`PARSERS`] bodies at a
+/// Reads the body whole ([`body::read`]: no slot is held meanwhile), counts the request in
+/// flight, then turns the body into `T` on a blocking thread, at most [`PARSERS`] bodies at a
 /// time.
 ///
 /// [`PARSERS`]: crate::state::PARSERS
-async fn prepared<T: Send + 'static>(
+async fn accepted<T: Send + 'static>(
     st: &Arc<State>,
+    headers: &HeaderMap,
     body: Body,
     prepare: impl FnOnce(&State, &[u8]) -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
+) -> Result<(T, InFlight), ApiError> {
+    let bytes = body::read(st, headers, body).await?;
+    let ticket = admit(st, false)?;
     let permit =
         st.parsing.clone().acquire_owned().await.map_err(|_| {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping")
         })?;
-    let bytes = read_body(body, st.config.max_body_bytes).await?;
     let shared = st.clone();
-    tokio::task::spawn_blocking(move || {
+    let prepared = tokio::task::spawn_blocking(move || {
         let out = prepare(&shared, &bytes);
         drop(permit);
         out
     })
     .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    Ok((prepared, ticket))
 }
 
 /// Waits for a generation slot, then computes `job` on the policy serving at that moment, on a
@@ -283,17 +229,50 @@ fn prepare_completion(st: &State, bytes: &[u8]) -> Result<(CompletionRequest, Jo
     Ok((req, job))
 }
 
-async fn completions(Shared(st): Shared<Arc<State>>, body: Body) -> Response {
-    let r = completions_inner(&st, body).await;
+async fn completions(Shared(st): Shared<Arc<State>>, headers: HeaderMap, body: Body) -> Response {
+    let ((req, job), ticket) = match accepted(&st, &headers, body, prepare_completion).await {
+        Ok(a) => a,
+        Err(e) => return answered(&st, Err::<(), _>(e)),
+    };
+    if let Some(include_usage) = streamed(&req.sampling) {
+        let kind = stream::Kind::Completion {
+            logprobs: req.logprobs.is_some(),
+            as_ids: req.return_tokens_as_token_ids == Some(true),
+        };
+        let plan = plan(&st, kind, include_usage, "cmpl");
+        return stream::respond(st, job, ticket, plan).await;
+    }
+    let r = completions_inner(&st, req, job, ticket).await;
     answered(&st, r)
+}
+
+/// `Some(include_usage)` when the request asks for a stream.
+fn streamed(s: &Sampling) -> Option<bool> {
+    (s.stream == Some(true)).then(|| {
+        s.stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false)
+    })
+}
+
+/// What every chunk of a streamed answer shares.
+fn plan(st: &State, kind: stream::Kind, include_usage: bool, prefix: &str) -> stream::Plan {
+    stream::Plan {
+        kind,
+        include_usage,
+        id: format!("{prefix}-{}", st.next_serial()),
+        created: now(),
+        model: st.config.served_model_name.clone(),
+    }
 }
 
 async fn completions_inner(
     st: &Arc<State>,
-    body: Body,
+    req: CompletionRequest,
+    job: Job,
+    ticket: InFlight,
 ) -> Result<axum::Json<CompletionResponse>, ApiError> {
-    let ticket = admit(st)?;
-    let (req, job) = prepared(st, body, prepare_completion).await?;
     let (job, samples, policy) = compute(st, job, ticket).await?;
     let version = policy.version;
     let as_ids = req.return_tokens_as_token_ids == Some(true);
@@ -358,14 +337,28 @@ fn prepare_chat(st: &State, bytes: &[u8]) -> Result<(ChatRequest, Job), ApiError
     Ok((req, job))
 }
 
-async fn chat(Shared(st): Shared<Arc<State>>, body: Body) -> Response {
-    let r = chat_inner(&st, body).await;
+async fn chat(Shared(st): Shared<Arc<State>>, headers: HeaderMap, body: Body) -> Response {
+    let ((req, job), ticket) = match accepted(&st, &headers, body, prepare_chat).await {
+        Ok(a) => a,
+        Err(e) => return answered(&st, Err::<(), _>(e)),
+    };
+    if let Some(include_usage) = streamed(&req.sampling) {
+        let kind = stream::Kind::Chat {
+            logprobs: req.logprobs == Some(true),
+        };
+        let plan = plan(&st, kind, include_usage, "chatcmpl");
+        return stream::respond(st, job, ticket, plan).await;
+    }
+    let r = chat_inner(&st, req, job, ticket).await;
     answered(&st, r)
 }
 
-async fn chat_inner(st: &Arc<State>, body: Body) -> Result<axum::Json<ChatResponse>, ApiError> {
-    let ticket = admit(st)?;
-    let (req, job) = prepared(st, body, prepare_chat).await?;
+async fn chat_inner(
+    st: &Arc<State>,
+    req: ChatRequest,
+    job: Job,
+    ticket: InFlight,
+) -> Result<axum::Json<ChatResponse>, ApiError> {
     let (job, samples, policy) = compute(st, job, ticket).await?;
     let version = policy.version;
     let choices = samples
@@ -435,8 +428,12 @@ async fn metrics(Shared(st): Shared<Arc<State>>) -> Response {
 /// `POST /update_weights_from_disk`: loads the folder whole, checks it is the served model's
 /// architecture, then swaps it in. Requests in flight finish on the weights they started with;
 /// a refused update leaves the old version serving.
-async fn update_weights(Shared(st): Shared<Arc<State>>, body: Body) -> Response {
-    match update_inner(&st, body).await {
+async fn update_weights(
+    Shared(st): Shared<Arc<State>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match update_inner(&st, &headers, body).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => {
             let mut body = e.body();
@@ -447,8 +444,14 @@ async fn update_weights(Shared(st): Shared<Arc<State>>, body: Body) -> Response 
     }
 }
 
-async fn update_inner(st: &Arc<State>, body: Body) -> Result<serde_json::Value, ApiError> {
-    let value = json(&read_body(body, st.config.max_body_bytes).await?)?;
+async fn update_inner(
+    st: &Arc<State>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<serde_json::Value, ApiError> {
+    let bytes = body::read(st, headers, body).await?;
+    let _ticket = admit(st, true)?;
+    let value = json(&bytes)?;
     let known: &[&str] = &[
         "model_path",
         "weight_version",
@@ -508,6 +511,16 @@ fn load(dir: &std::path::Path, current: &Policy, version: u64) -> Result<Policy,
             format!("{e}; the update is refused and version {keep} keeps serving"),
         )
     })?;
+    if let Some(bad) = rlft_model::first_non_finite(&p.model) {
+        return Err(ApiError::bad(
+            "model_path",
+            format!(
+                "{}: {bad}; weights that are not finite are not served: the update is refused \
+                 and version {keep} keeps serving",
+                dir.display()
+            ),
+        ));
+    }
     if p.config != current.config {
         return Err(ApiError::bad(
             "model_path",

@@ -2,11 +2,12 @@
 //! keeps the policy it started with), its limits and its counters.
 
 use crate::config::ServerConfig;
+use crate::hosts::HostCheck;
 use rlft_model::{Tokenizer, Transformer, TransformerConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-/// Request bodies read and parsed at once.
+/// Request bodies parsed at once (a body is read whole before it takes one).
 pub const PARSERS: usize = 2;
 
 /// A policy to serve: the weights, their tokenizer and architecture, and their version.
@@ -44,6 +45,12 @@ pub struct Counters {
     pub prompt_tokens: AtomicU64,
     /// Weight updates applied.
     pub updates: AtomicU64,
+    /// Weight updates being read, loaded or waiting for the one before.
+    pub updates_in_flight: AtomicU64,
+    /// Connections closed because a request's headers or body did not arrive in time.
+    pub timed_out: AtomicU64,
+    /// Streamed requests whose client went away before the end.
+    pub cancelled: AtomicU64,
 }
 
 /// Shared by every request.
@@ -55,13 +62,15 @@ pub struct State {
     pub updating: tokio::sync::Mutex<()>,
     /// Generation slots (`max_concurrent`).
     pub slots: Arc<tokio::sync::Semaphore>,
-    /// Bodies read and parsed at once ([`PARSERS`]): what a request costs before it holds a
-    /// slot stays bounded by settings.
+    /// Bodies parsed at once ([`PARSERS`]), taken once a body is read whole: what a request
+    /// costs before it holds a generation slot stays bounded by settings.
     pub parsing: Arc<tokio::sync::Semaphore>,
     /// The counters.
     pub counters: Counters,
     /// Requests answered so far (for response ids).
     pub serial: AtomicU64,
+    /// The `Host` headers accepted.
+    pub host_check: HostCheck,
 }
 
 impl State {
@@ -69,7 +78,9 @@ impl State {
     pub fn new(config: ServerConfig, policy: Policy) -> Self {
         let slots = Arc::new(tokio::sync::Semaphore::new(config.max_concurrent));
         let parsing = Arc::new(tokio::sync::Semaphore::new(PARSERS));
+        let host_check = HostCheck::new(&config.host, &config.allowed_hosts);
         Self {
+            host_check,
             config,
             policy: RwLock::new(Arc::new(policy)),
             updating: tokio::sync::Mutex::new(()),
@@ -133,6 +144,25 @@ impl State {
                 "counter",
                 "Prompt tokens read.",
                 get(&c.prompt_tokens),
+            ),
+            (
+                "rlft_connections_timed_out_total",
+                "counter",
+                "Connections closed because a request's headers or body did not arrive in time \
+                 (--header-timeout, --body-timeout; idle keep-alive connections included).",
+                get(&c.timed_out),
+            ),
+            (
+                "rlft_requests_cancelled_total",
+                "counter",
+                "Streamed requests whose client went away before the end.",
+                get(&c.cancelled),
+            ),
+            (
+                "rlft_weight_updates_in_flight",
+                "gauge",
+                "Weight updates being loaded or waiting for the one before.",
+                get(&c.updates_in_flight),
             ),
             (
                 "rlft_weight_updates_total",

@@ -4,8 +4,9 @@
 
 use super::routing::{Recorded, record_routing, sparse_shape};
 use super::{
-    Completion, Draw, FinishReason, KvOnUpdate, Row, SampleOn, Sampler, SamplingConfig, StepLogits,
-    Updated, Updates, WeightUpdate, draw_on_device, draw_on_host, model_err, padded_input,
+    Completion, Draw, FinishReason, KvOnUpdate, Row, SampleOn, Sampled, Sampler, SamplingConfig,
+    StepLogits, Updated, Updates, WeightUpdate, draw_on_device, draw_on_host, model_err,
+    padded_input,
 };
 use crate::{Result, RolloutError};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -16,6 +17,7 @@ use rlft_model::{
     DECODE_ROWS, ForwardInput, HostKvCache, HostWeights, KvCache, TokenRouting, Transformer,
 };
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 
 /// One generation under way.
 pub(super) struct Decode<'s, 'a> {
@@ -130,11 +132,11 @@ impl<'s, 'a> Decode<'s, 'a> {
         }
     }
 
-    /// Decodes until every row finished, calling `on_token(row, token)` as each token is chosen
-    /// and taking new weights from `updates` between steps.
+    /// Decodes until every row finished, calling `on_token` as each token is chosen (a `Break`
+    /// cancels) and taking new weights from `updates` between steps.
     pub(super) fn run(
         mut self,
-        mut on_token: impl FnMut(usize, u32),
+        mut on_token: impl FnMut(&Sampled<'_>) -> ControlFlow<()>,
         mut updates: Option<&mut Updates<'_>>,
     ) -> Result<Updated> {
         loop {
@@ -311,20 +313,32 @@ impl<'s, 'a> Decode<'s, 'a> {
 
     /// Appends each row's pick and finishes the rows that ended (EOS, a stop token or string,
     /// the length limit); returns the indices of the rows that go on.
+    ///
+    /// # Errors
+    /// A non-finite `log μ` (the logits held a NaN or an infinity), naming the row; a `Break`
+    /// from `on_token`.
     fn record(
         &mut self,
         picks: &[Draw],
-        on_token: &mut impl FnMut(usize, u32),
+        on_token: &mut impl FnMut(&Sampled<'_>) -> ControlFlow<()>,
     ) -> Result<Vec<usize>> {
         let cfg = self.cfg;
         let mut keep = Vec::with_capacity(self.rows.len());
         for (r, row) in self.rows.iter_mut().enumerate() {
+            let draw = &picks[r];
             let Draw {
                 token,
                 logprob,
                 log_kept_mass,
                 ref kept_ids,
-            } = picks[r];
+            } = *draw;
+            if !logprob.is_finite() {
+                return Err(RolloutError::NonFiniteLogits {
+                    row: row.index,
+                    position: row.tokens.len(),
+                    version: self.version,
+                });
+            }
             debug_assert!(token < self.vocab);
             row.tokens.push(token as u32);
             row.logprobs.push(logprob);
@@ -335,7 +349,6 @@ impl<'s, 'a> Decode<'s, 'a> {
                 }
             }
             row.versions.push(self.version);
-            on_token(row.index, token as u32);
             let token = token as u32;
             let finish = if !cfg.ignore_eos && self.sampler.eos_ids.contains(&token) {
                 Some(FinishReason::Eos)
@@ -348,6 +361,15 @@ impl<'s, 'a> Decode<'s, 'a> {
             } else {
                 None
             };
+            let sampled = Sampled {
+                row: row.index,
+                draw,
+                version: self.version,
+                finish,
+            };
+            if on_token(&sampled).is_break() {
+                return Err(RolloutError::Cancelled);
+            }
             match finish {
                 Some(finish_reason) => {
                     self.done_versions[row.index] = std::mem::take(&mut row.versions);

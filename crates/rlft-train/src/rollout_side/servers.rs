@@ -240,8 +240,12 @@ impl Fleet {
                 config: self.config.clone(),
                 version,
             };
+            // A key of this run's own: nothing else on the machine can swap their weights.
+            let key = rlft_serve::guard::random_key()
+                .map_err(|e| TrainError::Servers(format!("a local server cannot start: {e}")))?;
+            let config = self.local_config.clone().with_api_key(Some(key.clone()));
             for _ in 0..n {
-                let server = self.local_config.start(policy.clone()).map_err(|e| {
+                let server = config.start(policy.clone()).map_err(|e| {
                     TrainError::Servers(format!("a local server cannot start: {e}"))
                 })?;
                 v.local.push(server);
@@ -249,7 +253,12 @@ impl Fleet {
             *self.members.write().unwrap_or_else(PoisonError::into_inner) = v
                 .local
                 .iter()
-                .map(|s| member(Client::new(&s.url(), "policy", self.timeout)))
+                .map(|s| {
+                    member(
+                        Client::new(&s.url(), "policy", self.timeout)
+                            .with_api_key(Some(key.clone())),
+                    )
+                })
                 .collect();
             v.serving = Some(version);
             let mut st = lock(&self.stats);
