@@ -38,7 +38,7 @@ impl HostCheck {
         };
         // `Authority::host` keeps an IPv6 address's brackets.
         let name = authority.host().to_ascii_lowercase();
-        names.iter().any(|n| *n == name)
+        names.contains(&name)
     }
 }
 
