@@ -88,10 +88,20 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
-    /// The JSON body; a 408 (a stalled body) also closes the connection.
+    /// The JSON body. A refusal sent before the request's body was read (a stalled, too large
+    /// or refused request: 401, 403, 408, 413, 415, 421) also closes the connection, and says
+    /// so, so that no client reuses a connection whose unread body is still on the wire.
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
-        if self.status == StatusCode::REQUEST_TIMEOUT {
+        if matches!(
+            self.status,
+            StatusCode::UNAUTHORIZED
+                | StatusCode::FORBIDDEN
+                | StatusCode::REQUEST_TIMEOUT
+                | StatusCode::PAYLOAD_TOO_LARGE
+                | StatusCode::UNSUPPORTED_MEDIA_TYPE
+                | StatusCode::MISDIRECTED_REQUEST
+        ) {
             r.headers_mut().insert(
                 axum::http::header::CONNECTION,
                 axum::http::HeaderValue::from_static("close"),
