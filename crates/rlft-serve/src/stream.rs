@@ -118,7 +118,7 @@ fn produce(st: &State, job: &Job, policy: &Policy, plan: &Plan, tx: &UnboundedSe
         generated += 1;
         let chunk = texts[s.row]
             .advance(s, &job.cfg.stop_strings, policy)
-            .map(|delta| plan.chunk(vec![choice(plan, job, s, &texts[s.row], delta, policy)]));
+            .map(|delta| plan.chunk(vec![choice(plan, job, s, &texts[s.row], delta)]));
         match chunk {
             Ok(c) => {
                 if send(c) {
@@ -164,14 +164,7 @@ fn produce(st: &State, job: &Job, policy: &Policy, plan: &Plan, tx: &UnboundedSe
 }
 
 /// One choice of a token's chunk.
-fn choice(
-    plan: &Plan,
-    job: &Job,
-    s: &Sampled<'_>,
-    row: &RowText<'_>,
-    delta: String,
-    policy: &Policy,
-) -> Value {
+fn choice(plan: &Plan, job: &Job, s: &Sampled<'_>, row: &RowText<'_>, delta: String) -> Value {
     let id = s.draw.token as u32;
     let lp = f32_number(s.draw.logprob);
     let finish = s.finish.map(generate::finish_name);
@@ -186,9 +179,9 @@ fn choice(
         rlft["finish"] = json!(generate::finish_kind(f));
     }
     match plan.kind {
-        Kind::Completion { logprobs, as_ids } => {
+        Kind::Completion { logprobs, .. } => {
             let logprobs = logprobs.then(|| {
-                json!({"tokens": [generate::token_text(id, as_ids, policy)],
+                json!({"tokens": [row.shown],
                        "token_logprobs": [lp], "top_logprobs": null,
                        "text_offset": [row.offset_before]})
             });
@@ -197,7 +190,7 @@ fn choice(
         }
         Kind::Chat { logprobs } => {
             let logprobs = logprobs.then(|| {
-                let token = generate::token_text(id, false, policy);
+                let token = &row.shown;
                 json!({"content": [{"token": token, "logprob": lp,
                        "bytes": token.as_bytes(), "top_logprobs": []}]})
             });
@@ -231,12 +224,15 @@ struct RowText<'p> {
     offset: usize,
     /// Tokens are shown as `token_id:<id>` (their offsets count those characters).
     as_ids: bool,
+    /// The newest token as `logprobs` shows it.
+    shown: String,
 }
 
 impl<'p> RowText<'p> {
     fn new(policy: &'p Policy, as_ids: bool) -> Self {
         Self {
             as_ids,
+            shown: String::new(),
             decoder: policy.tokenizer.decode_stream(true),
             tokens: Vec::new(),
             decoded: String::new(),
@@ -257,9 +253,8 @@ impl<'p> RowText<'p> {
         let id = s.draw.token as u32;
         self.tokens.push(id);
         self.offset_before = self.offset;
-        self.offset += generate::token_text(id, self.as_ids, policy)
-            .chars()
-            .count();
+        self.shown = generate::token_text(id, self.as_ids, policy);
+        self.offset += self.shown.chars().count();
         if let Some(piece) = self
             .decoder
             .step(id)
